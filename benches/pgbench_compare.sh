@@ -1,0 +1,414 @@
+#!/usr/bin/env bash
+# End-to-end cost of pgfence, measured against the anchor users already accept: PgBouncer in
+# session mode (one server connection per client, like pgfence). Everything runs on this machine,
+# on loopback, against one throwaway Postgres.
+#
+#   bash benches/pgbench_compare.sh            # or: make bench-pgbench
+#   ROUNDS=1 DURATION=5 bash benches/pgbench_compare.sh
+#   FENCED=1 ...                               # fence the four pgbench tables, epoch 1 per session
+#   TARGETS="direct pgbouncer" ...             # without pgfence
+#
+# What it does, and why:
+# - Throughput: pgbench (scale 10, c=8 j=2) for select-only (-S) and tpcb-like, each in
+#   -M simple|extended|prepared, against direct Postgres, PgBouncer and pgfence. The machines are
+#   shared and absolute TPS drifts 25-40 % between rounds while paired ratios stay within a few %
+#   (docs: FACTS.md), so the targets run in interleaved rounds, in rotating order, and we quote
+#   the median of per-round ratios rather than a ratio of medians.
+# - CPU per transaction of each middleware (utime+stime from /proc/PID/stat around each run): it
+#   is what a proxy costs even when the machine has cores to spare.
+# - Latency at c=1, -S -M prepared, with everything pinned to CPU 0: unpinned c=1 runs swing 5x on
+#   this VM. Mean and p99 come from pgbench's per-transaction log.
+# - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
+#
+# Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION),
+# SCALE (10), CLIENTS (8), THREADS (2), WORKLOADS ("select-only tpcb-like"),
+# MODES ("simple extended prepared"), TARGETS ("direct pgbouncer pgfence"), IDLE_SESSIONS (500,
+# 0 skips), FENCED (0), PGFENCE_BIN (target/release/pgfence, built if missing), PG_BIN (newest
+# /usr/lib/postgresql/*/bin), KEEP=1 keeps the work dir. Results land in target/pgbench_compare/.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-10}
+LATENCY_DURATION=${LATENCY_DURATION:-$DURATION}
+SCALE=${SCALE:-10}
+CLIENTS=${CLIENTS:-8}
+THREADS=${THREADS:-2}
+WORKLOADS=${WORKLOADS:-select-only tpcb-like}
+MODES=${MODES:-simple extended prepared}
+read -r -a TARGETS <<<"${TARGETS:-direct pgbouncer pgfence}"
+IDLE_SESSIONS=${IDLE_SESSIONS:-500}
+FENCED=${FENCED:-0}
+KEEP=${KEEP:-0}
+
+ROOT_DIR=$(cd "$(dirname "$0")/.." && pwd)
+PGFENCE_BIN=${PGFENCE_BIN:-$ROOT_DIR/target/release/pgfence}
+OUT_DIR=$ROOT_DIR/target/pgbench_compare
+DB=bench
+CLK_TCK=$(getconf CLK_TCK)
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  printf 'pgbench_compare: error: %s\n' "$*" >&2
+  exit 1
+}
+has_target() { [[ " ${TARGETS[*]} " == *" $1 "* ]]; }
+
+# Postgres and PgBouncer refuse to run as root.
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# utime + stime of a whole process (all threads), in clock ticks. The command name in field 2 may
+# contain spaces, so count fields from the closing parenthesis.
+cpu_ticks() {
+  local stat
+  stat=$(<"/proc/$1/stat")
+  stat=${stat##*) }
+  # shellcheck disable=SC2086 # word splitting is the point
+  set -- $stat
+  echo $((${12} + ${13}))
+}
+
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+
+# wait_port PORT PID NAME LOGFILE: until PORT accepts TCP; fails with the log if PID dies first.
+wait_port() {
+  local port=$1 pid=$2 name=$3 logfile=$4 i
+  for i in $(seq 200); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 30 "$logfile" >&2 || true
+      die "$name exited during startup (log above: $logfile)"
+    fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  tail -n 30 "$logfile" >&2 || true
+  die "$name did not listen on 127.0.0.1:$port within 20 s (log above: $logfile)"
+}
+
+## setup -----------------------------------------------------------------------------------------
+
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+[ -x "$PG_BIN/initdb" ] || die "no PostgreSQL server binaries (set PG_BIN or run: make setup)"
+PGBENCH=$PG_BIN/pgbench
+PSQL=$PG_BIN/psql
+for tool in python3 taskset; do command -v "$tool" >/dev/null || die "$tool not found"; done
+if has_target pgbouncer; then
+  BOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+  [ -x "$BOUNCER" ] || die "pgbouncer not installed (run: make bench-setup)"
+fi
+if has_target pgfence; then
+  if [ ! -x "$PGFENCE_BIN" ]; then
+    log "building $PGFENCE_BIN"
+    (cd "$ROOT_DIR" && cargo build --release --locked) ||
+      die "could not build pgfence; run with TARGETS='direct pgbouncer' to compare the others"
+  fi
+fi
+
+# Every session in the idle test is one upstream backend, through either middleware.
+MAX_CONNECTIONS=$((IDLE_SESSIONS + 50 > 100 ? IDLE_SESSIONS + 50 : 100))
+[ "$(ulimit -n)" -ge $((4 * MAX_CONNECTIONS)) ] || ulimit -n $((4 * MAX_CONNECTIONS))
+
+WORK=$(mktemp -d /tmp/pgfence-bench.XXXXXX)
+chmod 755 "$WORK"
+[ "$(id -u)" != 0 ] || chown postgres: "$WORK"
+PG_PID= BOUNCER_PID= PGFENCE_PID= IDLE_PID=
+
+cleanup() {
+  local rc=$? pid
+  set +e
+  [ -z "$IDLE_PID" ] || kill "$IDLE_PID" 2>/dev/null
+  [ -z "$PGFENCE_PID" ] || kill -INT "$PGFENCE_PID" 2>/dev/null
+  [ -z "$BOUNCER_PID" ] || kill -TERM "$BOUNCER_PID" 2>/dev/null
+  # Immediate shutdown: nothing here needs to survive.
+  [ -z "$PG_PID" ] || kill -QUIT "$PG_PID" 2>/dev/null
+  for pid in $IDLE_PID $PGFENCE_PID $BOUNCER_PID $PG_PID; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+  done
+  wait 2>/dev/null
+  if [ "$KEEP" = 1 ] || [ "$rc" != 0 ]; then
+    log "work dir kept: $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "initdb ($PG_BIN)"
+as_pg "$PG_BIN/initdb" -D "$WORK/data" -A trust -U postgres --no-sync -E UTF8 --locale=C >"$WORK/initdb.log"
+PGPORT=$(free_port)
+# The harness settings (durability off, as in tests/it/common/pg.rs) plus a buffer pool that
+# holds the scale-10 data set, so select-only measures the wire, not the page cache.
+as_pg "$PG_BIN/postgres" -D "$WORK/data" -p "$PGPORT" -k "$WORK" -c listen_addresses=127.0.0.1 \
+  -c fsync=off -c full_page_writes=off -c synchronous_commit=off -c shared_buffers=256MB \
+  -c max_connections="$MAX_CONNECTIONS" >"$WORK/postgres.log" 2>&1 &
+wait_port "$PGPORT" $! postgres "$WORK/postgres.log"
+until "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PGPORT"; do sleep 0.1; done
+PG_PID=$(head -n 1 "$WORK/data/postmaster.pid")
+
+export PGUSER=postgres PGHOST=127.0.0.1
+"$PSQL" -X -q -p "$PGPORT" -d postgres -c "CREATE DATABASE $DB"
+log "pgbench -i -s $SCALE"
+"$PGBENCH" -i -q -s "$SCALE" -p "$PGPORT" "$DB" >"$WORK/pgbench-init.log" 2>&1 ||
+  { cat "$WORK/pgbench-init.log" >&2; die "pgbench -i failed"; }
+
+if has_target pgbouncer; then
+  BPORT=$(free_port)
+  echo '"postgres" ""' >"$WORK/userlist.txt"
+  cat >"$WORK/pgbouncer.ini" <<EOF
+[databases]
+* = host=127.0.0.1 port=$PGPORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BPORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $WORK/userlist.txt
+pool_mode = session
+admin_users = postgres
+max_client_conn = $((IDLE_SESSIONS + 100))
+default_pool_size = $((IDLE_SESSIONS + 10))
+logfile = $WORK/pgbouncer.log
+pidfile = $WORK/pgbouncer.pid
+EOF
+  : >"$WORK/pgbouncer.log" # both pgbouncer (as postgres) and its stderr write here
+  [ "$(id -u)" != 0 ] || chown postgres: "$WORK"/pgbouncer.ini "$WORK"/userlist.txt "$WORK"/pgbouncer.log
+  as_pg "$BOUNCER" -q "$WORK/pgbouncer.ini" >>"$WORK/pgbouncer.log" 2>&1 &
+  wait_port "$BPORT" $! pgbouncer "$WORK/pgbouncer.log"
+  BOUNCER_PID=$(<"$WORK/pgbouncer.pid")
+fi
+
+PGFENCE_OPTIONS=
+FENCING="without fences"
+if has_target pgfence; then
+  FPORT=$(free_port)
+  cat >"$WORK/pgfence.toml" <<EOF
+listen = "127.0.0.1:$FPORT"
+upstream = "127.0.0.1:$PGPORT"
+EOF
+  if [ "$FENCED" = 1 ]; then
+    cat >>"$WORK/pgfence.toml" <<EOF
+
+[[fence]]
+name = "pgbench"
+tables = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
+EOF
+    "$PGFENCE_BIN" init --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" --config "$WORK/pgfence.toml" \
+      >"$WORK/pgfence-init.log" 2>&1 || { cat "$WORK/pgfence-init.log" >&2; die "pgfence init failed"; }
+    # The epoch rides in the startup packet, as an application would send it.
+    PGFENCE_OPTIONS='-c pgfence.epoch=1'
+    FENCING="fencing the pgbench tables"
+  fi
+  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/pgfence.toml" >"$WORK/pgfence.log" 2>&1 &
+  PGFENCE_PID=$!
+  wait_port "$FPORT" "$PGFENCE_PID" "pgfence ($PGFENCE_BIN)" "$WORK/pgfence.log"
+fi
+
+port_of() {
+  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; esac
+}
+pid_of() {
+  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; esac
+}
+
+# run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks" (ticks "-" for
+# direct). Fails loudly with pgbench's output when a run fails: a silent zero would poison medians.
+run_pgbench() {
+  local target=$1 pid before after out tps tx
+  shift
+  pid=$(pid_of "$target")
+  [ -z "$pid" ] || before=$(cpu_ticks "$pid")
+  # PgBouncer refuses an `options` startup parameter; only pgfence gets the epoch.
+  local opts=
+  [ "$target" != pgfence ] || opts=$PGFENCE_OPTIONS
+  out=$(PGOPTIONS=$opts "$@" -p "$(port_of "$target")" "$DB" 2>&1) ||
+    { echo "$out" >&2; die "pgbench failed against $target"; }
+  [ -z "$pid" ] || after=$(cpu_ticks "$pid")
+  tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | head -n 1)
+  tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
+  [ -n "$tps" ] && [ -n "$tx" ] || { echo "$out" >&2; die "could not read pgbench output ($target)"; }
+  echo "$tps $tx ${pid:+$((after - before))}${pid:--}"
+}
+
+# rotated ROUND INDEX: the targets starting at a different one each time, so no target always
+# runs first (warm caches) or last (after the others heated the machine).
+rotated() {
+  local n=${#TARGETS[@]} off=$((($1 + $2) % ${#TARGETS[@]})) i
+  for ((i = 0; i < n; i++)); do echo "${TARGETS[$(((off + i) % n))]}"; done
+}
+
+## throughput ------------------------------------------------------------------------------------
+
+RESULTS=$WORK/throughput.tsv
+: >"$RESULTS"
+log "throughput: $ROUNDS round(s) x {$WORKLOADS} x {$MODES} x {${TARGETS[*]}}, ${DURATION}s each"
+for ((round = 1; round <= ROUNDS; round++)); do
+  k=0
+  for workload in $WORKLOADS; do
+    for mode in $MODES; do
+      k=$((k + 1))
+      for target in $(rotated "$round" "$k"); do
+        args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
+        [ "$workload" != select-only ] || args+=(-S)
+        out=$(run_pgbench "$target" "${args[@]}")
+        read -r tps tx ticks <<<"$out"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" >>"$RESULTS"
+        log "round $round $workload $mode $target: $tps tps"
+      done
+    done
+  done
+done
+
+## latency at c=1, pinned --------------------------------------------------------------------------
+
+LATENCY=$WORK/latency.tsv
+: >"$LATENCY"
+if [ "$ROUNDS" -gt 0 ]; then
+  # New backends inherit the postmaster's affinity; -a covers every thread of the proxies.
+  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID; do
+    taskset -a -p -c 0 "$pid" >/dev/null
+  done
+  log "latency: c=1 -S -M prepared, pinned to CPU 0, ${LATENCY_DURATION}s per run"
+  for ((round = 1; round <= ROUNDS; round++)); do
+    for target in $(rotated "$round" 0); do
+      prefix=$WORK/lat-$target-$round
+      out=$(run_pgbench "$target" taskset -c 0 "$PGBENCH" -c 1 -j 1 -S -M prepared \
+        -T "$LATENCY_DURATION" -l --log-prefix="$prefix")
+      read -r _ tx ticks <<<"$out"
+      # Field 3 of the per-transaction log is the latency in microseconds.
+      read -r mean p99 < <(cat "$prefix".* | awk '{ print $3 }' | sort -n |
+        awk '{ v[NR] = $1; s += $1 } END { i = int(NR * 0.99); if (i < 1) i = 1; printf "%.1f %d\n", s / NR, v[i] }')
+      rm -f "$prefix".*
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$mean" "$p99" "$tx" "$ticks" >>"$LATENCY"
+      log "round $round latency $target: mean ${mean} us, p99 ${p99} us"
+    done
+  done
+  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID; do
+    taskset -a -p -c "0-$(($(nproc) - 1))" "$pid" >/dev/null
+  done
+fi
+
+## idle sessions ------------------------------------------------------------------------------------
+
+IDLE=$WORK/idle.tsv
+: >"$IDLE"
+client_backends() {
+  "$PSQL" -X -qAt -p "$PGPORT" -d postgres \
+    -c "SELECT count(*) FROM pg_stat_activity WHERE datname = '$DB' AND backend_type = 'client backend'"
+}
+if [ "$IDLE_SESSIONS" -gt 0 ]; then
+  # Each client runs one query and then sleeps: a session that has been used, now idle.
+  printf 'SELECT 1;\n\\sleep 600 s\n' >"$WORK/idle.sql"
+  for target in "${TARGETS[@]}"; do
+    [ "$target" != direct ] || continue
+    pid=$(pid_of "$target")
+    base=$(client_backends)
+    before=$(rss_kib "$pid")
+    opts=
+    [ "$target" != pgfence ] || opts=$PGFENCE_OPTIONS
+    PGOPTIONS=$opts "$PGBENCH" -n -f "$WORK/idle.sql" -c "$IDLE_SESSIONS" -j 1 -t 1 -p "$(port_of "$target")" "$DB" \
+      >"$WORK/idle-$target.log" 2>&1 &
+    IDLE_PID=$!
+    for _ in $(seq 600); do
+      [ "$(client_backends)" -lt $((base + IDLE_SESSIONS)) ] || break
+      kill -0 "$IDLE_PID" 2>/dev/null || { cat "$WORK/idle-$target.log" >&2; die "idle clients failed ($target)"; }
+      sleep 0.1
+    done
+    [ "$(client_backends)" -ge $((base + IDLE_SESSIONS)) ] ||
+      die "only $(($(client_backends) - base)) of $IDLE_SESSIONS idle sessions opened ($target)"
+    sleep 1 # let every session finish its SELECT 1
+    after=$(rss_kib "$pid")
+    kill "$IDLE_PID"
+    wait "$IDLE_PID" 2>/dev/null || true
+    IDLE_PID=
+    printf '%s\t%s\t%s\t%s\n' "$target" "$IDLE_SESSIONS" "$before" "$after" >>"$IDLE"
+    log "idle $target: RSS $before -> $after KiB"
+    # PgBouncer keeps server connections pooled after its clients leave; drop them so the next
+    # target has the server's connection slots.
+    if [ "$target" = pgbouncer ]; then
+      "$PSQL" -X -q -p "$BPORT" -d pgbouncer -c "KILL $DB" -c "RESUME $DB" >/dev/null
+    fi
+    for _ in $(seq 300); do [ "$(client_backends)" -gt "$base" ] || break; sleep 0.1; done
+  done
+fi
+
+## report ----------------------------------------------------------------------------------------
+
+mkdir -p "$OUT_DIR"
+cp "$RESULTS" "$LATENCY" "$IDLE" "$OUT_DIR/"
+{
+  echo "pgbench_compare: $(date -u +%FT%TZ), $(nproc) CPUs, $("$PG_BIN/postgres" --version)" \
+    "${BOUNCER_PID:+, $("$BOUNCER" --version | head -n 1)}${PGFENCE_PID:+, pgfence $FENCING}"
+  echo "scale $SCALE, c=$CLIENTS j=$THREADS, ${DURATION}s runs, $ROUNDS interleaved round(s)"
+  python3 - "$RESULTS" "$LATENCY" "$IDLE" "$CLK_TCK" "${TARGETS[@]}" <<'PY'
+import sys
+from collections import defaultdict
+from statistics import median
+
+results, latency, idle, clk = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+targets = sys.argv[5:]
+middle = [t for t in targets if t != "direct"]
+
+def rows(path):
+    with open(path) as f:
+        return [line.rstrip("\n").split("\t") for line in f if line.strip()]
+
+def cpu_us(ticks, tx):
+    return None if ticks == "-" or int(tx) == 0 else int(ticks) * 1e6 / clk / int(tx)
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return median(xs) if xs else None
+
+# (workload, mode) -> round -> target -> (tps, cpu µs/tx)
+runs = defaultdict(lambda: defaultdict(dict))
+for rnd, workload, mode, target, tps, tx, ticks in rows(results):
+    runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx))
+
+pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer")]
+         if a in targets and b in targets]
+head = ["workload", "mode"] + [f"{t} tps" for t in targets] + [f"{a}/{b}" for a, b in pairs] \
+       + [f"{t} cpu us/tx" for t in middle]
+table = []
+for (workload, mode), by_round in runs.items():
+    row = [workload, mode]
+    row += [fmt(med(r[t][0] for r in by_round.values() if t in r), ",.0f") for t in targets]
+    row += [fmt(med(r[a][0] / r[b][0] for r in by_round.values() if a in r and b in r), ".2f") for a, b in pairs]
+    row += [fmt(med(r[t][1] for r in by_round.values() if t in r), ".1f") for t in middle]
+    table.append(row)
+
+def show(head, table):
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *table)]
+    for line in [head] + table:
+        print("  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
+
+print("\nThroughput: median TPS; ratios are medians of per-round paired ratios; middleware CPU per transaction")
+show(head, table)
+
+lat = defaultdict(list)
+for rnd, target, mean, p99, tx, ticks in rows(latency):
+    lat[target].append((float(mean), float(p99), cpu_us(ticks, tx)))
+if lat:
+    print("\nLatency, c=1 -S -M prepared, everything pinned to CPU 0 (medians over rounds)")
+    show(["target", "mean us", "p99 us", "cpu us/tx"],
+         [[t, fmt(med(m for m, _, _ in lat[t]), ".1f"), fmt(med(p for _, p, _ in lat[t]), ".0f"),
+           fmt(med(c for _, _, c in lat[t]), ".1f")] for t in targets if t in lat])
+
+idle_rows = rows(idle)
+if idle_rows:
+    print("\nIdle sessions: RSS of the middleware")
+    show(["target", "sessions", "RSS before KiB", "RSS after KiB", "KiB/session"],
+         [[t, n, b, a, f"{(int(a) - int(b)) / int(n):.1f}"] for t, n, b, a in idle_rows])
+PY
+} | tee "$OUT_DIR/summary.txt"

@@ -1,0 +1,337 @@
+//! Configuration: a TOML file (unknown keys are an error) overlaid by command-line
+//! flags, parsed once into a validated [`Config`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::sql::name::TableName;
+
+/// Default address pgfence listens on.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:6432";
+/// Default upstream Postgres.
+pub const DEFAULT_UPSTREAM: &str = "127.0.0.1:5432";
+/// Largest Query or Parse message pgfence reads whole (Postgres' own cap is 1 GiB;
+/// anything bigger than this is refused with 08P01).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+
+/// The configuration file as written: every field documented here is the reference.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Address to listen on, `host:port`. Default `127.0.0.1:6432`.
+    pub listen: Option<String>,
+    /// The protected Postgres, `host:port`. Credentials come from clients. Default `127.0.0.1:5432`.
+    pub upstream: Option<String>,
+    /// Most client connections served at once; beyond it clients get FATAL 53300. Default 1000.
+    pub max_client_conn: Option<usize>,
+    /// Largest Query/Parse message in bytes (other messages stream). Default 64 MiB.
+    pub max_message_size: Option<usize>,
+    /// Seconds a SIGTERM waits for open transactions before closing them. Default 30.
+    pub shutdown_grace: Option<f64>,
+    /// Seconds to wait for the upstream TCP connection. Default 5.
+    pub connect_timeout: Option<f64>,
+    /// The fences; a table belongs to at most one fence (per database).
+    #[serde(default, rename = "fence")]
+    pub fences: Vec<RawFence>,
+}
+
+/// One `[[fence]]` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFence {
+    /// Fence name: one fence = one lease = one epoch sequence.
+    pub name: String,
+    /// Only this database; default: any database.
+    pub database: Option<String>,
+    /// Fenced tables, `schema.table` or `table` (meaning `public.table`).
+    pub tables: Vec<String>,
+    /// `"reject"` (default) or `"rewrite"`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Column carrying each row's epoch; required for `mode = "rewrite"`.
+    pub epoch_column: Option<String>,
+    /// The lease table this fence's epochs come from.
+    pub lease: Option<RawLease>,
+}
+
+/// `[fence.lease]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLease {
+    /// A table of the seed's shape (`name`, `holder`, `epoch`, `expires_at`).
+    pub table: String,
+    /// Its `name` value; default: the fence's name.
+    pub row: Option<String>,
+}
+
+/// How a fence enforces epochs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// A guard checks the epoch against the fence's high-water mark; stale writes fail with PF001.
+    #[default]
+    Reject,
+    /// Each row carries the epoch; stale writes touch 0 rows.
+    Rewrite,
+}
+
+/// A validated fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Fence name.
+    pub name: String,
+    /// Only this database, or any.
+    pub database: Option<String>,
+    /// Normalised, schema-qualified table names.
+    pub tables: Vec<TableName>,
+    /// Enforcement mode.
+    pub mode: Mode,
+    /// Epoch column (rewrite mode), normalised.
+    pub epoch_column: Option<String>,
+    /// Lease coupling.
+    pub lease: Option<Lease>,
+}
+
+/// A validated lease reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease table, schema-qualified.
+    pub table: TableName,
+    /// The lease row's `name`.
+    pub row: String,
+}
+
+/// The validated configuration pgfence runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listen address.
+    pub listen: String,
+    /// Upstream `host:port`.
+    pub upstream: String,
+    /// Connection limit.
+    pub max_client_conn: usize,
+    /// Cap for Query/Parse messages.
+    pub max_message_size: usize,
+    /// Drain period on SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// Fences.
+    pub fences: Vec<Fence>,
+}
+
+/// A configuration problem, worded for the person who wrote the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// Path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// TOML syntax or an unknown key.
+    #[error("{path}: {message}")]
+    Syntax {
+        /// Path.
+        path: String,
+        /// What toml said.
+        message: String,
+    },
+    /// A value that parses but makes no sense.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl RawConfig {
+    /// Reads and parses a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: display.clone(), source })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Syntax { message, .. } => ConfigError::Syntax { path: display, message },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Syntax { path: "config".into(), message: e.to_string() })
+    }
+
+    /// Checks everything and produces the config pgfence runs with.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let invalid = |m: String| ConfigError::Invalid(m);
+        let listen = self.listen.unwrap_or_else(|| DEFAULT_LISTEN.into());
+        check_host_port("listen", &listen)?;
+        let upstream = self.upstream.unwrap_or_else(|| DEFAULT_UPSTREAM.into());
+        check_host_port("upstream", &upstream)?;
+        let max_client_conn = self.max_client_conn.unwrap_or(1000);
+        if max_client_conn == 0 {
+            return Err(invalid("max_client_conn must be at least 1".into()));
+        }
+        let max_message_size = self.max_message_size.unwrap_or(DEFAULT_MAX_MESSAGE_SIZE);
+        if !(1024..=1 << 30).contains(&max_message_size) {
+            return Err(invalid("max_message_size must be between 1024 and 1073741824 bytes".into()));
+        }
+        let shutdown_grace = seconds("shutdown_grace", self.shutdown_grace.unwrap_or(30.0))?;
+        let connect_timeout = seconds("connect_timeout", self.connect_timeout.unwrap_or(5.0))?;
+        let fences = self.fences.into_iter().map(RawFence::validate).collect::<Result<Vec<_>, _>>()?;
+        check_fences(&fences)?;
+        Ok(Config { listen, upstream, max_client_conn, max_message_size, shutdown_grace, connect_timeout, fences })
+    }
+}
+
+impl RawFence {
+    fn validate(self) -> Result<Fence, ConfigError> {
+        let invalid = |m: String| ConfigError::Invalid(format!("fence {:?}: {m}", self.name));
+        if self.name.is_empty() || self.name.chars().any(char::is_control) {
+            return Err(invalid("name must be non-empty printable text".into()));
+        }
+        if self.tables.is_empty() {
+            return Err(invalid("tables must list at least one table".into()));
+        }
+        let tables = self
+            .tables
+            .iter()
+            .map(|t| TableName::parse_config(t).map_err(|e| invalid(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let epoch_column = match (self.mode, &self.epoch_column) {
+            (Mode::Rewrite, None) => return Err(invalid("mode = \"rewrite\" needs epoch_column".into())),
+            (_, Some(c)) => Some(normalise_column(c).ok_or_else(|| invalid(format!("invalid epoch_column {c:?}")))?),
+            (Mode::Reject, None) => None,
+        };
+        let lease = match &self.lease {
+            None => None,
+            Some(l) => Some(Lease {
+                table: TableName::parse_config(&l.table).map_err(|e| invalid(format!("lease: {e}")))?,
+                row: l.row.clone().unwrap_or_else(|| self.name.clone()),
+            }),
+        };
+        Ok(Fence { name: self.name, database: self.database, tables, mode: self.mode, epoch_column, lease })
+    }
+}
+
+/// `last_epoch` and `Last_Epoch` fold to `last_epoch`; `"Last_Epoch"` keeps its case.
+fn normalise_column(c: &str) -> Option<String> {
+    let c = c.trim();
+    if let Some(inner) = c.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        return (!inner.is_empty() && !inner.contains('"')).then(|| inner.to_owned());
+    }
+    let ok = !c.is_empty()
+        && !c.starts_with(|ch: char| ch.is_ascii_digit())
+        && c.chars().all(|ch| ch.is_alphanumeric() || ch == '_');
+    ok.then(|| c.to_lowercase())
+}
+
+fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
+    let mut names = HashMap::new();
+    let mut tables: HashMap<&TableName, Vec<(&str, Option<&str>)>> = HashMap::new();
+    for f in fences {
+        if names.insert(f.name.as_str(), ()).is_some() {
+            return Err(ConfigError::Invalid(format!("fence {:?} is defined twice", f.name)));
+        }
+        for t in &f.tables {
+            let owners = tables.entry(t).or_default();
+            // Fence identity is (database, table): two fences may share a table
+            // name only when they are restricted to different databases.
+            for (other, db) in owners.iter() {
+                let overlap = match (db, f.database.as_deref()) {
+                    (Some(a), Some(b)) => *a == b,
+                    _ => true,
+                };
+                if overlap {
+                    return Err(ConfigError::Invalid(format!(
+                        "table {t} belongs to fence {other:?} and fence {:?}; a table belongs to at most one fence",
+                        f.name
+                    )));
+                }
+            }
+            owners.push((&f.name, f.database.as_deref()));
+        }
+    }
+    Ok(())
+}
+
+fn check_host_port(field: &str, value: &str) -> Result<(), ConfigError> {
+    let ok = value.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!("{field} = {value:?}: expected host:port, e.g. 127.0.0.1:6432")))
+    }
+}
+
+fn seconds(field: &str, value: f64) -> Result<Duration, ConfigError> {
+    if value.is_finite() && (0.0..=86_400.0).contains(&value) {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(ConfigError::Invalid(format!("{field} must be a number of seconds between 0 and 86400")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        RawConfig::from_toml(text)?.validate()
+    }
+
+    #[test]
+    fn contract_example_parses() {
+        let c = parse(
+            r#"
+            listen = "127.0.0.1:6432"
+            upstream = "127.0.0.1:5432"
+            [[fence]]
+            name = "invoice-sweeper"
+            database = "app"
+            tables = ["public.sweep_state", "billing.invoices"]
+            mode = "reject"
+            [fence.lease]
+            table = "public.leader_lease"
+            "#,
+        )
+        .unwrap();
+        let f = &c.fences[0];
+        assert_eq!(f.tables[1], TableName::new(Some("billing"), "invoices"));
+        assert_eq!(f.lease.as_ref().unwrap().row, "invoice-sweeper");
+        assert_eq!(c.max_message_size, DEFAULT_MAX_MESSAGE_SIZE);
+    }
+
+    #[test]
+    fn defaults_apply_to_an_empty_file() {
+        let c = parse("").unwrap();
+        assert_eq!((c.listen.as_str(), c.upstream.as_str()), (DEFAULT_LISTEN, DEFAULT_UPSTREAM));
+        assert!(c.fences.is_empty());
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_a_reason() {
+        let cases = [
+            ("lissen = \"x\"", "unknown field"),
+            ("listen = \"nohost\"", "host:port"),
+            ("[[fence]]\nname = \"a\"\ntables = []", "at least one table"),
+            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"rewrite\"", "epoch_column"),
+            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"sideways\"", "unknown variant"),
+            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"b\"\ntables = [\"public.t\"]", "at most one fence"),
+            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"a\"\ntables = [\"u\"]", "twice"),
+            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nbogus = 1", "unknown field"),
+        ];
+        for (text, expect) in cases {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(expect), "{text:?} gave {err:?}");
+        }
+    }
+
+    #[test]
+    fn same_table_may_be_fenced_in_different_databases() {
+        let text = "[[fence]]\nname = \"a\"\ndatabase = \"x\"\ntables = [\"t\"]\n[[fence]]\nname = \"b\"\ndatabase = \"y\"\ntables = [\"t\"]";
+        assert_eq!(parse(text).unwrap().fences.len(), 2);
+    }
+}

@@ -1,0 +1,159 @@
+//! The SQL text the proxy sends upstream to run the guard or raise a rejection.
+//!
+//! Literals are written so that their meaning does not depend on the session's
+//! settings: plain ASCII without backslashes becomes a standard string (`'it''s'`),
+//! which reads the same whether `standard_conforming_strings` is on or off; anything
+//! else becomes an escape string (`E'a\\b\u00e9'`), whose meaning never depends on that
+//! setting, with every non-ASCII character written as a Unicode escape so that the
+//! text is pure ASCII and reads the same in every `client_encoding`.
+
+use std::fmt::Write as _;
+
+use super::epoch::Epoch;
+
+/// The guard for the extended protocol: `$1` fence (`text`), `$2` epoch (`bigint`),
+/// `$3` lease table (`text`, NULL without a lease), `$4` keep the HWM (`boolean`:
+/// true in reject mode, false in rewrite mode). Parameters as [`guard_params`] gives them.
+pub const GUARD_SQL: &str = "SELECT pgfence.guard($1, $2, $3, $4)";
+
+/// Parameter type OIDs of [`GUARD_SQL`] for a Parse message: text, int8, text, bool.
+pub const GUARD_PARAM_TYPES: [u32; 4] = [25, 20, 25, 16];
+
+/// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint (all `text`).
+pub const REJECT_SQL: &str = "SELECT pgfence.reject($1, $2, $3)";
+
+/// Parameter type OIDs of [`REJECT_SQL`] for a Parse message: text, text, text.
+pub const REJECT_PARAM_TYPES: [u32; 3] = [25, 25, 25];
+
+/// The guard call for the simple protocol, without a trailing semicolon, e.g.
+/// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`.
+///
+/// `lease_table` is the configured lease table as [`crate::sql::name::TableName`]
+/// displays it (`None` without a lease); `keep_hwm` is true in reject mode and false in
+/// rewrite mode. The statement returns one row with one `void` column.
+pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> String {
+    let mut sql = String::with_capacity(64 + fence.len() + lease_table.map_or(0, str::len));
+    sql.push_str("SELECT pgfence.guard(");
+    push_literal(&mut sql, fence);
+    // Writing to a String cannot fail.
+    let _ = write!(sql, ", {epoch}, ");
+    match lease_table {
+        Some(table) => push_literal(&mut sql, table),
+        None => sql.push_str("NULL"),
+    }
+    sql.push_str(if keep_hwm { ", true)" } else { ", false)" });
+    sql
+}
+
+/// The text-format parameters of [`GUARD_SQL`], in order (`None` is SQL NULL).
+pub fn guard_params(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> [Option<String>; 4] {
+    [
+        Some(fence.to_owned()),
+        Some(epoch.to_string()),
+        lease_table.map(str::to_owned),
+        Some(if keep_hwm { "t" } else { "f" }.to_owned()),
+    ]
+}
+
+/// A call that makes Postgres raise `code` with `message` and `hint` (empty: no hint),
+/// for the simple protocol, without a trailing semicolon. Used for PF002/PF004 so that
+/// a database without the `pgfence` schema answers 3F000/42883 (reported as PF005).
+pub fn reject_call(code: &str, message: &str, hint: &str) -> String {
+    let mut sql = String::with_capacity(48 + code.len() + message.len() + hint.len());
+    sql.push_str("SELECT pgfence.reject(");
+    push_literal(&mut sql, code);
+    sql.push_str(", ");
+    push_literal(&mut sql, message);
+    sql.push_str(", ");
+    push_literal(&mut sql, hint);
+    sql.push(')');
+    sql
+}
+
+/// `value` as an SQL string literal whose meaning depends on no session setting
+/// (see the module docs). A NUL, which no Postgres string can hold, becomes U+FFFD.
+pub fn quote_literal(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    push_literal(&mut out, value);
+    out
+}
+
+fn push_literal(out: &mut String, value: &str) {
+    let plain = value.bytes().all(|b| b.is_ascii() && b != b'\\' && b != 0);
+    if plain {
+        out.push('\'');
+        for c in value.chars() {
+            if c == '\'' {
+                out.push('\'');
+            }
+            out.push(c);
+        }
+        out.push('\'');
+        return;
+    }
+    out.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            '\0' => out.push_str("\\uFFFD"),
+            c if c.is_ascii() => out.push(c),
+            c => {
+                let code = u32::from(c);
+                // Writing to a String cannot fail.
+                let _ = if code <= 0xFFFF { write!(out, "\\u{code:04X}") } else { write!(out, "\\U{code:08X}") };
+            }
+        }
+    }
+    out.push('\'');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_quoted_independently_of_session_settings() {
+        let cases = [
+            ("invoice-sweeper", "'invoice-sweeper'"),
+            ("", "''"),
+            ("it's", "'it''s'"),
+            ("'; DROP TABLE x; --", "'''; DROP TABLE x; --'"),
+            ("a\\b", "E'a\\\\b'"),
+            ("a\\'b", "E'a\\\\''b'"),
+            ("été", "E'\\u00E9t\\u00E9'"),
+            ("🦀", "E'\\U0001F980'"),
+            ("nul\0", "E'nul\\uFFFD'"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(quote_literal(input), expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn guard_call_for_the_simple_protocol() {
+        let e = Epoch::parse("7").expect("valid");
+        assert_eq!(
+            guard_call("invoice-sweeper", e, Some("public.leader_lease"), true),
+            "SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)"
+        );
+        assert_eq!(guard_call("o'neil", Epoch::MAX, None, false), "SELECT pgfence.guard('o''neil', 9223372036854775807, NULL, false)");
+    }
+
+    #[test]
+    fn guard_params_for_the_extended_protocol() {
+        let e = Epoch::parse("12").expect("valid");
+        assert_eq!(
+            guard_params("f", e, None, true),
+            [Some("f".to_owned()), Some("12".to_owned()), None, Some("t".to_owned())]
+        );
+    }
+
+    #[test]
+    fn reject_call_quotes_every_argument() {
+        assert_eq!(
+            reject_call("PF002", "pgfence: no epoch for fence \"a\"", "SET pgfence.epoch = N"),
+            "SELECT pgfence.reject('PF002', 'pgfence: no epoch for fence \"a\"', 'SET pgfence.epoch = N')"
+        );
+    }
+}

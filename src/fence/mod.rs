@@ -1,0 +1,64 @@
+//! The database side of fencing: the [`Epoch`](epoch::Epoch) newtype, the `pgfence`
+//! schema (`sql/NNNN_*.sql`, installed by [`install::install`]) and the SQL text the
+//! proxy sends to run the guard ([`call`]).
+//!
+//! # The guard
+//!
+//! In reject mode every fenced write is preceded, in the same transaction, by
+//! `SELECT pgfence.guard(fence, epoch, lease_table, true)`. It raises `PF005` when a
+//! lease is configured but `pgfence init --config` has not registered it (or its trigger
+//! is gone), `PF003` when the epoch is above what the lease row granted, `PF001` when
+//! the epoch is below the fence's current epoch (max of the durable high-water mark and
+//! the lease epoch), and raises the high-water mark (HWM) when the epoch is above it.
+//! In rewrite mode (`keep_hwm = false`) only the lease checks run: the rows carry the
+//! epochs. `pgfence.reject(code, message, hint)` raises PF002/PF004 for the proxy.
+//!
+//! # Locking
+//!
+//! The guard must let writers of the same epoch run in parallel, make a takeover (an HWM
+//! bump or a lease takeover) wait for every transaction already past the guard, and must
+//! not let a stream of new writers starve that takeover. Each fence has an advisory lock
+//! key, `pgfence.lock_key(name)`:
+//!
+//! 1. A plain read of the fence row chooses the path (so no lock is ever upgraded from
+//!    shared to exclusive) and fails fast on a stale epoch.
+//! 2. A writer at the current epoch takes `pg_advisory_xact_lock_shared(key)`, then
+//!    re-reads the HWM: shared holders do not block each other, and the lock is held to
+//!    the end of the transaction, so a takeover waits for the write to commit or roll back
+//!    (a `PREPARE TRANSACTION` keeps it too).
+//! 3. A bump takes `pg_advisory_xact_lock(key)` (exclusive), re-reads under
+//!    `FOR UPDATE` and raises the HWM. The lease trigger does the same when a lease row's
+//!    epoch goes up, so once a takeover commits, the old epoch is refused even before the
+//!    new leader writes. A renewal (same epoch) takes no lock and writes no fence row.
+//! 4. Why advisory locks rather than row locks: `SELECT … FOR SHARE` on the fence row also
+//!    makes an `UPDATE` wait for the writers, but row-lock waiters are not served in order,
+//!    and a new share locker got in while the update waited: continuous writers starved
+//!    the takeover (`FACTS.md`). Heavyweight (advisory) locks queue fairly: a shared
+//!    request that arrives behind a waiting exclusive one waits its turn, then re-reads
+//!    the HWM the takeover wrote and fails with PF001.
+//! 5. Why `FOR SHARE` under REPEATABLE READ and SERIALIZABLE: there the transaction's
+//!    snapshot may predate a bump that committed while the writer waited for the lock, and
+//!    a plain read would see the old HWM and pass. Locking the row makes Postgres raise
+//!    40001 (could not serialize) for a row changed after the snapshot instead. Under READ
+//!    COMMITTED each statement takes a fresh snapshot after the lock is granted, so a
+//!    plain read suffices and the row is not dirtied by every writer.
+//!
+//! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
+//! bumping transaction holds the exclusive lock until it commits, so writers of the new
+//! epoch that overlap it wait for it once. With a lease the trigger has already raised the
+//! HWM at takeover, and the new leader's writes all take the shared path.
+//!
+//! # Lease rows
+//!
+//! `pgfence init --config` registers a fence with its lease table and row and installs
+//! two triggers there: `pgfence_lease` (BEFORE INSERT OR UPDATE OR DELETE, FOR EACH ROW)
+//! and `pgfence_lease_truncate`. An epoch going up is a takeover (above); an UPDATE
+//! lowering the epoch below the fence's current epoch fails; an INSERT (or a rename onto
+//! the row's name, or any raise) that starts below the current epoch is lifted to it, so
+//! a new leader is never born stale; DELETE, TRUNCATE and renaming away revoke the grant
+//! (`lease_epoch = 0`: every epoch is then above the lease, PF003).
+
+pub mod call;
+pub mod epoch;
+pub mod install;
+pub mod policy;

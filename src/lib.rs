@@ -1,0 +1,30 @@
+//! pgfence: a PostgreSQL wire-protocol proxy that enforces fencing tokens.
+//!
+//! A leader elected with a lease declares its lease epoch on its connection
+//! (`pgfence.epoch`). pgfence lets writes to configured *fenced tables* through
+//! only together with a guard that checks the epoch against the fence's
+//! durable high-water mark **inside the write's own transaction**, so a leader
+//! that stalled past its lease and woke up cannot write. Everything else is
+//! relayed untouched: one upstream connection per client connection, bytes
+//! forwarded in the chunks they arrive in, only the few messages that matter
+//! decoded.
+//!
+//! # Layout
+//! - [`config`]: TOML + CLI overlay, validated once.
+//! - [`server`]: accept loop, connection limit, cancel keys, shutdown.
+//! - [`session`]: one connection: startup, auth relay, the relay loop, reply
+//!   attribution (`session::state`), epoch declarations (`session::declare`).
+//! - [`protocol`]: framing with size limits, startup packets, messages pgfence builds.
+//! - [`sql`]: statement splitting and classification (which fenced tables a statement may write).
+//! - [`fence`]: the `Epoch` type, the decision policy, the guard SQL and `pgfence init`.
+//! - [`error`]: errors pgfence raises itself and their SQLSTATEs.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+pub mod fence;
+pub mod protocol;
+pub mod server;
+pub mod session;
+pub mod sql;

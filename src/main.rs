@@ -1,0 +1,144 @@
+//! The `pgfence` command: CLI → telemetry → config → run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use pgfence::config::{Config, RawConfig};
+use pgfence::server::{Server, Shutdown};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "pgfence", version, about = "A PostgreSQL proxy that enforces fencing tokens on writes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        /// TOML configuration file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Listen address (overrides the config's `listen`).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Upstream Postgres `host:port` (overrides the config's `upstream`).
+        #[arg(long)]
+        upstream: Option<String>,
+    },
+    /// Install or upgrade the `pgfence` schema in one database (idempotent).
+    Init {
+        /// The database to install into, e.g. postgres://user@127.0.0.1:5432/app
+        #[arg(long)]
+        database_url: String,
+        /// With a config, also register its fences and install their lease triggers.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a configuration file.
+    CheckConfig {
+        /// TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pgfence: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pgfence: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(path: Option<&PathBuf>, listen: Option<String>, upstream: Option<String>) -> anyhow::Result<Config> {
+    let mut raw = match path {
+        Some(p) => RawConfig::from_file(p)?,
+        None => RawConfig::default(),
+    };
+    raw.listen = listen.or(raw.listen);
+    raw.upstream = upstream.or(raw.upstream);
+    Ok(raw.validate()?)
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve { config, listen, upstream } => {
+            let config = Arc::new(load(config.as_ref(), listen, upstream)?);
+            let server = Server::bind(config.clone()).await.with_context(|| format!("cannot listen on {}", config.listen))?;
+            let shutdown = Shutdown::default();
+            tokio::spawn(signals(shutdown.clone()));
+            server.run(shutdown).await;
+            Ok(())
+        }
+        Command::Init { database_url, config } => {
+            let fences = match config {
+                Some(p) => load(Some(&p), None, None)?.fences,
+                None => Vec::new(),
+            };
+            let (mut client, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+                .await
+                .context("cannot connect to the database")?;
+            tokio::spawn(connection);
+            let report = pgfence::fence::install::install(&mut client, &fences).await?;
+            println!("{report}");
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            let c = load(Some(&config), None, None)?;
+            println!(
+                "{}: ok (listen {}, upstream {}, {} fence(s))",
+                config.display(),
+                c.listen,
+                c.upstream,
+                c.fences.len()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// SIGTERM drains; SIGINT (or a second SIGTERM) exits fast.
+async fn signals(shutdown: Shutdown) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {
+            tracing::info!("SIGTERM: draining");
+            shutdown.drain.cancel();
+        }
+        _ = int.recv() => {
+            tracing::info!("SIGINT: closing");
+            shutdown.fast.cancel();
+            return;
+        }
+    }
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("second signal: closing");
+    shutdown.fast.cancel();
+}

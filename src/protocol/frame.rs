@@ -1,0 +1,148 @@
+//! Message framing: every message after startup is a type byte and a
+//! big-endian `i32` length that counts itself but not the type byte.
+//!
+//! The framer only reads headers and, for the few messages pgfence inspects,
+//! the body in place. It never allocates per message.
+
+/// Bytes in a message header (type + length).
+pub const HEADER_LEN: usize = 5;
+
+/// A parsed header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The message type byte.
+    pub tag: u8,
+    /// Body length in bytes (the length field minus its own 4 bytes).
+    pub body_len: usize,
+}
+
+impl Header {
+    /// Total bytes of the message on the wire.
+    pub fn total_len(&self) -> usize {
+        HEADER_LEN + self.body_len
+    }
+}
+
+/// Why bytes could not be framed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The length field is below 4, which no message can have.
+    #[error("invalid message length {0}")]
+    BadLength(i32),
+}
+
+/// Reads the header at the start of `buf`, or `None` when fewer than 5 bytes are there.
+pub fn peek_header(buf: &[u8]) -> Result<Option<Header>, FrameError> {
+    let Some(head) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let len = i32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+    if len < 4 {
+        return Err(FrameError::BadLength(len));
+    }
+    Ok(Some(Header { tag: head[0], body_len: len as usize - 4 }))
+}
+
+/// A cursor over a message body for reading C strings and integers, failing
+/// (never panicking) on truncated or malformed input.
+#[derive(Debug, Clone)]
+pub struct Body<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Body<'a> {
+    /// A reader over `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Self { buf }
+    }
+
+    /// Reads a NUL-terminated string as raw bytes.
+    pub fn cstr(&mut self) -> Option<&'a [u8]> {
+        let end = memchr::memchr(0, self.buf)?;
+        let (s, rest) = self.buf.split_at(end);
+        self.buf = &rest[1..];
+        Some(s)
+    }
+
+    /// Reads a NUL-terminated UTF-8 string.
+    pub fn cstr_utf8(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.cstr()?).ok()
+    }
+
+    /// Reads one byte.
+    pub fn u8(&mut self) -> Option<u8> {
+        let (&b, rest) = self.buf.split_first()?;
+        self.buf = rest;
+        Some(b)
+    }
+
+    /// Reads a big-endian i16.
+    pub fn i16(&mut self) -> Option<i16> {
+        let b = self.buf.get(..2)?;
+        let v = i16::from_be_bytes([b[0], b[1]]);
+        self.buf = &self.buf[2..];
+        Some(v)
+    }
+
+    /// Reads a big-endian i32.
+    pub fn i32(&mut self) -> Option<i32> {
+        let b = self.buf.get(..4)?;
+        let v = i32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        self.buf = &self.buf[4..];
+        Some(v)
+    }
+
+    /// Bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+}
+
+/// Reads the SQLSTATE (`C` field) of an ErrorResponse or NoticeResponse body.
+pub fn error_code(body: &[u8]) -> Option<&[u8]> {
+    let mut r = Body::new(body);
+    loop {
+        let field = r.u8()?;
+        if field == 0 {
+            return None;
+        }
+        let value = r.cstr()?;
+        if field == b'C' {
+            return Some(value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_needs_five_bytes() {
+        assert_eq!(peek_header(b"Q\0\0\0").unwrap(), None);
+        assert_eq!(peek_header(b"Q\0\0\0\x09abc").unwrap(), Some(Header { tag: b'Q', body_len: 5 }));
+    }
+
+    #[test]
+    fn negative_and_tiny_lengths_are_errors() {
+        assert_eq!(peek_header(b"Q\xff\xff\xff\xff"), Err(FrameError::BadLength(-1)));
+        assert_eq!(peek_header(b"Q\0\0\0\x03"), Err(FrameError::BadLength(3)));
+    }
+
+    #[test]
+    fn body_reader_fails_on_truncation() {
+        let mut r = Body::new(b"abc");
+        assert_eq!(r.cstr(), None);
+        let mut r = Body::new(b"ab\0\x00\x01");
+        assert_eq!(r.cstr(), Some(&b"ab"[..]));
+        assert_eq!(r.i32(), None);
+        assert_eq!(r.i16(), Some(1));
+    }
+
+    #[test]
+    fn error_code_is_found() {
+        assert_eq!(error_code(b"SERROR\0C42P01\0Mx\0\0"), Some(&b"42P01"[..]));
+        assert_eq!(error_code(b"SERROR\0Mx\0\0"), None);
+        assert_eq!(error_code(b"SERR"), None);
+    }
+}

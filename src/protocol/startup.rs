@@ -1,0 +1,250 @@
+//! The startup phase: the first packet a client sends has no type byte, only a
+//! length and a code (SSLRequest, GSSENCRequest, CancelRequest, or a protocol
+//! version followed by parameters).
+//!
+//! See <https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-START-UP>.
+
+use bytes::{BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::MAX_STARTUP_PACKET;
+use super::frame::Body;
+
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+const CANCEL_REQUEST: u32 = 80_877_102;
+const PROTOCOL_MAJOR_3: u32 = 3;
+
+/// The first packet of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstPacket {
+    /// Asks for TLS; answered 'N' until TLS is configured.
+    SslRequest,
+    /// Asks for GSSAPI encryption; answered 'N'.
+    GssEncRequest,
+    /// Cancels a query running on another connection.
+    Cancel {
+        /// Process id from BackendKeyData.
+        pid: i32,
+        /// Secret key from BackendKeyData.
+        secret: i32,
+    },
+    /// A StartupMessage.
+    Startup(StartupMessage),
+}
+
+/// A parsed StartupMessage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupMessage {
+    /// Minor protocol version the client asked for (major is always 3).
+    pub minor: u16,
+    /// Parameters in the order sent, `_pq_.` protocol options included.
+    pub params: Vec<(String, String)>,
+}
+
+/// Why the first packet was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// I/O error or EOF before a whole packet.
+    #[error("connection closed during startup")]
+    Io(#[from] std::io::Error),
+    /// Length outside 8..=10000.
+    #[error("invalid length of startup packet")]
+    BadLength,
+    /// Protocol major version other than 3.
+    #[error("unsupported frontend protocol {0}.{1}: server supports 3.0 to 3.0")]
+    UnsupportedProtocol(u32, u32),
+    /// Parameters not NUL-terminated pairs, or not UTF-8.
+    #[error("invalid startup packet layout")]
+    Malformed,
+}
+
+/// Reads one startup-phase packet. Cancel safe: no (it reads in several steps).
+pub async fn read_first_packet<R: AsyncRead + Unpin>(r: &mut R) -> Result<FirstPacket, StartupError> {
+    let len = r.read_u32().await? as usize;
+    if !(8..=MAX_STARTUP_PACKET).contains(&len) {
+        return Err(StartupError::BadLength);
+    }
+    let mut body = vec![0; len - 4];
+    r.read_exact(&mut body).await?;
+    parse_first_packet(&body)
+}
+
+/// Parses a startup-phase packet body (after the length).
+pub fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, StartupError> {
+    let mut b = Body::new(body);
+    let code = b.i32().ok_or(StartupError::BadLength)? as u32;
+    match code {
+        SSL_REQUEST => Ok(FirstPacket::SslRequest),
+        GSSENC_REQUEST => Ok(FirstPacket::GssEncRequest),
+        CANCEL_REQUEST => {
+            let pid = b.i32().ok_or(StartupError::Malformed)?;
+            let secret = b.i32().ok_or(StartupError::Malformed)?;
+            Ok(FirstPacket::Cancel { pid, secret })
+        }
+        version => {
+            let (major, minor) = (version >> 16, version & 0xffff);
+            if major != PROTOCOL_MAJOR_3 {
+                return Err(StartupError::UnsupportedProtocol(major, minor));
+            }
+            let params = parse_params(b)?;
+            Ok(FirstPacket::Startup(StartupMessage { minor: minor as u16, params }))
+        }
+    }
+}
+
+fn parse_params(mut b: Body<'_>) -> Result<Vec<(String, String)>, StartupError> {
+    let mut params = Vec::new();
+    loop {
+        let key = b.cstr_utf8().ok_or(StartupError::Malformed)?;
+        if key.is_empty() {
+            break;
+        }
+        let value = b.cstr_utf8().ok_or(StartupError::Malformed)?;
+        params.push((key.to_owned(), value.to_owned()));
+    }
+    if !b.rest().is_empty() {
+        return Err(StartupError::Malformed);
+    }
+    Ok(params)
+}
+
+impl StartupMessage {
+    /// The value of a parameter.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// The `_pq_.` protocol options pgfence does not support (it supports none).
+    pub fn protocol_options(&self) -> Vec<String> {
+        self.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// The packet pgfence sends upstream: protocol 3.0, without `_pq_.` options
+    /// (pgfence has already answered those with NegotiateProtocolVersion).
+    pub fn encode_for_upstream(&self) -> BytesMut {
+        let mut body = BytesMut::new();
+        body.put_u32(PROTOCOL_MAJOR_3 << 16);
+        for (k, v) in self.params.iter().filter(|(k, _)| !k.starts_with("_pq_.")) {
+            body.put_slice(k.as_bytes());
+            body.put_u8(0);
+            body.put_slice(v.as_bytes());
+            body.put_u8(0);
+        }
+        body.put_u8(0);
+        let mut out = BytesMut::with_capacity(body.len() + 4);
+        out.put_u32((body.len() + 4) as u32);
+        out.put_slice(&body);
+        out
+    }
+
+    /// Settings given with `-c name=value` or `--name=value` in the `options`
+    /// parameter, split the way Postgres splits them (whitespace separates,
+    /// a backslash escapes the next character).
+    pub fn option_settings(&self) -> Vec<(String, String)> {
+        let Some(options) = self.get("options") else {
+            return Vec::new();
+        };
+        let words = split_options(options);
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < words.len() {
+            let w = &words[i];
+            let setting = if w == "-c" {
+                i += 1;
+                words.get(i).map(String::as_str)
+            } else if let Some(s) = w.strip_prefix("-c").or_else(|| w.strip_prefix("--")) {
+                Some(s)
+            } else {
+                None
+            };
+            if let Some((k, v)) = setting.and_then(|s| s.split_once('=')) {
+                // Postgres treats '-' in option names as '_'.
+                out.push((k.replace('-', "_"), v.to_owned()));
+            }
+            i += 1;
+        }
+        out
+    }
+}
+
+fn split_options(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_ascii_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn startup(params: &[(&str, &str)]) -> Vec<u8> {
+        let m = StartupMessage {
+            minor: 0,
+            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        m.encode_for_upstream()[4..].to_vec()
+    }
+
+    #[test]
+    fn startup_round_trips() {
+        let body = startup(&[("user", "u"), ("database", "d")]);
+        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else { panic!() };
+        assert_eq!(m.get("user"), Some("u"));
+        assert_eq!(m.get("database"), Some("d"));
+    }
+
+    #[test]
+    fn special_requests_are_recognised() {
+        assert_eq!(parse_first_packet(&SSL_REQUEST.to_be_bytes()).unwrap(), FirstPacket::SslRequest);
+        assert_eq!(parse_first_packet(&GSSENC_REQUEST.to_be_bytes()).unwrap(), FirstPacket::GssEncRequest);
+        let mut cancel = CANCEL_REQUEST.to_be_bytes().to_vec();
+        cancel.extend(7i32.to_be_bytes());
+        cancel.extend((-9i32).to_be_bytes());
+        assert_eq!(parse_first_packet(&cancel).unwrap(), FirstPacket::Cancel { pid: 7, secret: -9 });
+    }
+
+    #[test]
+    fn malformed_startups_are_refused() {
+        let mut v2 = (2u32 << 16).to_be_bytes().to_vec();
+        v2.push(0);
+        assert!(matches!(parse_first_packet(&v2), Err(StartupError::UnsupportedProtocol(2, 0))));
+        let mut unterminated = (3u32 << 16).to_be_bytes().to_vec();
+        unterminated.extend(b"user\0bob");
+        assert!(matches!(parse_first_packet(&unterminated), Err(StartupError::Malformed)));
+        assert!(parse_first_packet(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn options_are_split_like_postgres() {
+        let body = startup(&[("options", "-c pgfence.epoch=7 --search-path=a\\ b -cwork_mem=1MB")]);
+        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else { panic!() };
+        assert_eq!(
+            m.option_settings(),
+            vec![
+                ("pgfence.epoch".to_string(), "7".to_string()),
+                ("search_path".to_string(), "a b".to_string()),
+                ("work_mem".to_string(), "1MB".to_string()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! The accept loop, the connection limit, cancel-key mapping and shutdown.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{Config, Fence};
+use crate::error::ProxyError;
+use crate::protocol::startup::{FirstPacket, read_first_packet};
+use crate::session::{self, DbFences};
+
+/// How long a refused client (too many connections) may take to send its startup packet.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Ways to stop a running server.
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    /// SIGTERM: stop accepting, let transactions finish (up to the grace period), then 57P01.
+    pub drain: CancellationToken,
+    /// SIGINT: close everything now.
+    pub fast: CancellationToken,
+}
+
+/// The upstream's cancel key for one session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamKey {
+    /// Upstream backend pid.
+    pub pid: i32,
+    /// Upstream secret.
+    pub secret: i32,
+}
+
+struct CancelEntry {
+    secret: i32,
+    upstream: UpstreamKey,
+}
+
+/// Everything sessions share.
+pub struct ServerContext {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// Drain token (SIGTERM).
+    pub drain: CancellationToken,
+    /// Fast-exit token (SIGINT).
+    pub fast: CancellationToken,
+    fences: Arc<[Fence]>,
+    by_database: Mutex<HashMap<String, Arc<DbFences>>>,
+    cancel_keys: Arc<Mutex<HashMap<i32, CancelEntry>>>,
+}
+
+/// Keeps a session's cancel key registered; unregisters it on drop.
+pub struct CancelKeyGuard {
+    pid: i32,
+    secret: i32,
+    keys: Arc<Mutex<HashMap<i32, CancelEntry>>>,
+}
+
+impl CancelKeyGuard {
+    /// The pid pgfence gave the client.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The secret pgfence gave the client.
+    pub fn secret(&self) -> i32 {
+        self.secret
+    }
+}
+
+impl Drop for CancelKeyGuard {
+    fn drop(&mut self) {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+    }
+}
+
+/// Databases beyond this many get a fresh (uncached) fence view per session.
+const MAX_CACHED_DATABASES: usize = 1024;
+
+impl ServerContext {
+    fn new(config: Arc<Config>, shutdown: &Shutdown) -> Self {
+        let fences: Arc<[Fence]> = config.fences.clone().into();
+        Self {
+            config,
+            drain: shutdown.drain.clone(),
+            fast: shutdown.fast.clone(),
+            fences,
+            by_database: Mutex::new(HashMap::new()),
+            cancel_keys: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The fence view for a database, shared by its sessions (and their analysis cache).
+    pub fn fences_for(&self, database: &str) -> Arc<DbFences> {
+        let mut map = self.by_database.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = map.get(database) {
+            return f.clone();
+        }
+        let f = Arc::new(DbFences::for_database(self.fences.clone(), database));
+        if map.len() < MAX_CACHED_DATABASES {
+            map.insert(database.to_owned(), f.clone());
+        }
+        f
+    }
+
+    /// Registers a session's upstream key under a fresh client-facing key.
+    pub fn register_cancel(&self, upstream: UpstreamKey) -> CancelKeyGuard {
+        let mut keys = self.cancel_keys.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let pid = rand::random::<i32>() & 0x3fff_ffff;
+            if pid == 0 || keys.contains_key(&pid) {
+                continue;
+            }
+            let secret = rand::random::<i32>();
+            keys.insert(pid, CancelEntry { secret, upstream });
+            return CancelKeyGuard { pid, secret, keys: self.cancel_keys.clone() };
+        }
+    }
+
+    /// Forwards a cancel request to the upstream when the key matches.
+    /// Like Postgres, it never tells the requester whether anything happened.
+    pub async fn cancel(&self, pid: i32, secret: i32) {
+        let target = {
+            let keys = self.cancel_keys.lock().unwrap_or_else(|p| p.into_inner());
+            keys.get(&pid).filter(|e| constant_time_eq(e.secret, secret)).map(|e| e.upstream)
+        };
+        let Some(upstream) = target else {
+            info!(pid, "cancel request with an unknown key ignored");
+            return;
+        };
+        let mut msg = BytesMut::with_capacity(16);
+        msg.put_u32(16);
+        msg.put_u32(80_877_102);
+        msg.put_i32(upstream.pid);
+        msg.put_i32(upstream.secret);
+        let sent = async {
+            let mut s = TcpStream::connect(self.config.upstream.as_str()).await?;
+            s.write_all(&msg).await?;
+            s.shutdown().await
+        };
+        match tokio::time::timeout(self.config.connect_timeout, sent).await {
+            Ok(Ok(())) => debug!(pid, "cancel forwarded"),
+            Ok(Err(e)) => warn!(error = %e, "cancel could not be forwarded"),
+            Err(_) => warn!("cancel forwarding timed out"),
+        }
+    }
+}
+
+/// Compares secrets without an early exit on the first differing byte, so
+/// response timing tells an attacker nothing about a guessed key.
+fn constant_time_eq(a: i32, b: i32) -> bool {
+    let diff = a.to_be_bytes().iter().zip(b.to_be_bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: TcpListener,
+    config: Arc<Config>,
+}
+
+impl Server {
+    /// Binds the listen address.
+    pub async fn bind(config: Arc<Config>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(config.listen.as_str()).await?;
+        Ok(Self { listener, config })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until shutdown. On drain, stops accepting at once and returns
+    /// when every session has ended.
+    pub async fn run(self, shutdown: Shutdown) {
+        let ctx = Arc::new(ServerContext::new(self.config.clone(), &shutdown));
+        let limit = Arc::new(Semaphore::new(self.config.max_client_conn));
+        let tracker = TaskTracker::new();
+        let mut next_id: u64 = 0;
+        info!(listen = %self.config.listen, upstream = %self.config.upstream, fences = self.config.fences.len(), "pgfence serving");
+        loop {
+            let accepted = tokio::select! {
+                r = self.listener.accept() => r,
+                () = shutdown.drain.cancelled() => break,
+                () = shutdown.fast.cancelled() => break,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    error!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            next_id += 1;
+            let id = next_id;
+            match limit.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let ctx = ctx.clone();
+                    tracker.spawn(async move {
+                        session::serve(stream, peer, id, ctx).await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => {
+                    warn!(%peer, "connection limit reached");
+                    tracker.spawn(refuse(stream, ctx.clone()));
+                }
+            }
+        }
+        drop(self.listener);
+        info!(sessions = tracker.len(), last_session = next_id, "listener closed; waiting for sessions");
+        tracker.close();
+        tracker.wait().await;
+        info!("pgfence stopped");
+    }
+}
+
+/// Answers a connection over the limit with FATAL 53300, after its startup
+/// packet as Postgres does (so the client reads a proper error).
+/// Cancel requests are still served: they hold no session.
+async fn refuse(mut stream: TcpStream, ctx: Arc<ServerContext>) {
+    let answer = async {
+        loop {
+            match read_first_packet(&mut stream).await {
+                Ok(FirstPacket::SslRequest | FirstPacket::GssEncRequest) => stream.write_all(b"N").await?,
+                Ok(FirstPacket::Startup(_)) => break,
+                Ok(FirstPacket::Cancel { pid, secret }) => {
+                    ctx.cancel(pid, secret).await;
+                    return Ok(());
+                }
+                Err(_) => return Ok(()),
+            }
+        }
+        stream.write_all(&ProxyError::TooManyConnections.to_response()).await
+    };
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, answer).await;
+}

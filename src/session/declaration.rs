@@ -1,0 +1,80 @@
+//! Turning a parsed declaration into the settings change it makes, refusing
+//! invalid values where they are declared (PF003).
+
+use super::declare::Scope;
+use super::state::Effect;
+use crate::error::sqlstate;
+use crate::fence::epoch::Epoch;
+use crate::fence::policy::Rejection;
+use crate::sql::declare::{self, Declaration, Setting};
+
+/// The change a declaration makes, or the PF003 rejection replacing it.
+pub fn effect(d: &Declaration) -> Result<Effect, Rejection> {
+    match d {
+        Declaration::ResetAll | Declaration::DiscardAll => Ok(Effect::ResetAll),
+        Declaration::Malformed { setting, reason } => Err(invalid(*setting, reason)),
+        Declaration::Set { setting, scope, value } => {
+            let scope = match scope {
+                declare::Scope::Session => Scope::Session,
+                declare::Scope::Local => Scope::Local,
+            };
+            match setting {
+                Setting::Epoch => match value {
+                    None => Ok(Effect::Epoch(scope, None)),
+                    Some(v) => match Epoch::parse(v) {
+                        Ok(e) => Ok(Effect::Epoch(scope, Some(e))),
+                        Err(e) => Err(invalid(Setting::Epoch, &e.to_string())),
+                    },
+                },
+                Setting::Fence => Ok(Effect::Fence(scope, value.clone())),
+            }
+        }
+    }
+}
+
+fn invalid(setting: Setting, reason: &str) -> Rejection {
+    let name = match setting {
+        Setting::Epoch => "pgfence.epoch",
+        Setting::Fence => "pgfence.fence",
+    };
+    Rejection {
+        code: sqlstate::INVALID_EPOCH,
+        message: format!("pgfence: invalid value for {name}: {reason}"),
+        hint: "pgfence.epoch must be an integer between 1 and 9223372036854775807; the previous value stays in force."
+            .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::Lexing;
+
+    fn run(sql: &str) -> Result<Effect, Rejection> {
+        effect(&declare::parse(sql, Lexing::default()).expect("a declaration"))
+    }
+
+    #[test]
+    fn values_are_read_as_postgres_reads_bigint() {
+        for (sql, n) in [("SET pgfence.epoch = 5", 5), ("SET pgfence.epoch TO '+5'", 5), ("set pgfence.epoch = 05", 5)] {
+            assert_eq!(run(sql), Ok(Effect::Epoch(Scope::Session, Some(Epoch::parse(&n.to_string()).unwrap()))));
+        }
+        assert!(matches!(run("SET LOCAL pgfence.epoch = 7"), Ok(Effect::Epoch(Scope::Local, Some(_)))));
+        assert_eq!(run("RESET pgfence.epoch"), Ok(Effect::Epoch(Scope::Session, None)));
+        assert_eq!(run("SET pgfence.epoch = DEFAULT"), Ok(Effect::Epoch(Scope::Session, None)));
+    }
+
+    #[test]
+    fn invalid_values_are_pf003() {
+        for sql in [
+            "SET pgfence.epoch = ''",
+            "SET pgfence.epoch = 0",
+            "SET pgfence.epoch = -1",
+            "SET pgfence.epoch = 'abc'",
+            "SET pgfence.epoch = 9223372036854775808",
+        ] {
+            let r = run(sql).unwrap_err();
+            assert_eq!(r.code, "PF003", "{sql}");
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Client-side decisions: what each client message becomes upstream.
+//!
+//! Decisions are made at dispatch time, for the batch being sent, because
+//! the epoch may change between Parse and Execute. The speculative
+//! declarations assume every SET sent so far will succeed; they are re-synced
+//! with what Postgres confirmed whenever nothing is in flight.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::context::DbFences;
+use super::declare::Declarations;
+use super::state::{Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
+use crate::fence::call as guard_sql;
+use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
+use crate::protocol::codec;
+use crate::sql::FenceId;
+use crate::sql::classify::StmtKind;
+
+/// Name of the portal pgfence binds its own statements to.
+const OWN_PORTAL: &str = "pgfence_p";
+
+/// What a statement asks of the fence, after SQL-level PREPARE/EXECUTE are resolved.
+enum Need {
+    None,
+    Write(Vec<FenceId>),
+    Unanalysable(Vec<FenceId>),
+}
+
+/// The client-side half of a session.
+pub struct Dispatcher {
+    fences: Arc<DbFences>,
+    speculative: Declarations,
+    /// SQL-level `PREPARE name AS <fenced write>`: what `EXECUTE name` needs.
+    sql_prepared: HashMap<String, (bool, Vec<FenceId>)>,
+    /// Syncs and Queries sent so far (batch numbers).
+    sent: u64,
+}
+
+impl Dispatcher {
+    /// A dispatcher for a session on a database with these fences.
+    pub fn new(fences: Arc<DbFences>, declared: Declarations) -> Self {
+        Self { fences, speculative: declared, sql_prepared: HashMap::new(), sent: 0 }
+    }
+
+    /// Called before each client message is handled.
+    pub fn resync(&mut self, shared: &Shared) {
+        if shared.pending.is_empty() {
+            self.speculative = shared.declared.clone();
+        }
+    }
+
+    /// A simple Query. Returns the text to send instead, if it changes.
+    /// `exact` is false when the text was not UTF-8 and `sql` is a lossy copy:
+    /// such a statement cannot be rewritten without corrupting it, so a fenced
+    /// one is refused with PF004.
+    pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
+        self.sent += 1;
+        let analysis = self.fences.analyze(sql);
+        if analysis.statements.iter().all(|s| matches!(s.kind, StmtKind::Other)) {
+            shared.pending.push_back(Unit::Query { parts: Vec::new(), done: 0 });
+            return None;
+        }
+        let mut parts = Vec::with_capacity(analysis.statements.len() + 1);
+        let mut text = String::with_capacity(sql.len() + 96);
+        let mut copied = 0;
+        let mut changed = false;
+        let single = analysis.statements.len() == 1;
+        for stmt in &analysis.statements {
+            let mut part = Part { injected: None, effect: None };
+            self.note_sql_prepare(&stmt.kind);
+            match self.need(&stmt.kind) {
+                Need::None => {}
+                need => {
+                    if let Some((injected, call)) = self.simple_check(shared, need, single) {
+                        text.push_str(&sql[copied..stmt.span.start]);
+                        text.push_str(&call);
+                        text.push(';');
+                        copied = stmt.span.start;
+                        changed = true;
+                        parts.push(Part { injected: Some(injected), effect: None });
+                    }
+                }
+            }
+            if let StmtKind::Declare(d) = &stmt.kind {
+                match super::declaration::effect(d) {
+                    Ok(effect) => {
+                        self.speculate(&effect);
+                        part.effect = Some(effect);
+                    }
+                    Err(rejection) => {
+                        // Replace the SET: Postgres raises PF003 in its place, the value stays.
+                        text.push_str(&sql[copied..stmt.span.start]);
+                        text.push_str(&raise_block(&rejection));
+                        copied = stmt.span.end;
+                        changed = true;
+                    }
+                }
+            }
+            parts.push(part);
+        }
+        if changed && !exact {
+            shared.pending.push_back(Unit::Query { parts: Vec::new(), done: 0 });
+            return Some(raise_block(&Rejection {
+                code: crate::error::sqlstate::UNANALYSABLE,
+                message: "pgfence: statement is not valid UTF-8 and may write a fenced table; refused".into(),
+                hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+            }));
+        }
+        shared.pending.push_back(Unit::Query { parts, done: 0 });
+        if !changed {
+            return None;
+        }
+        text.push_str(&sql[copied..]);
+        Some(text)
+    }
+
+    /// Guard or rejection call for one fenced statement in a simple Query.
+    fn simple_check(&self, shared: &Shared, need: Need, single: bool) -> Option<(Injected, String)> {
+        match self.decide(need)? {
+            Decision::Guard { fence, epoch } => {
+                // Within a transaction that already passed this guard, another adds nothing.
+                // Only for a lone statement: a longer string may COMMIT before its write.
+                if single && shared.guard_still_held(fence, epoch) {
+                    return None;
+                }
+                let (name, lease) = self.fence_args(fence);
+                Some((Injected::Guard(fence, epoch), guard_sql::guard_call(name, epoch, lease, self.keeps_hwm(fence))))
+            }
+            Decision::Reject(r) => Some((Injected::Reject, guard_sql::reject_call(r.code, &r.message, &r.hint))),
+        }
+    }
+
+    /// Parse: analyses the statement; an invalid declaration is replaced by a
+    /// statement that raises PF003 when executed.
+    pub fn on_parse(&mut self, shared: &mut Shared, name: &str, sql: &str) -> Option<String> {
+        let analysis = self.fences.analyze(sql);
+        let mut replacement = None;
+        if let [stmt] = analysis.statements.as_slice() {
+            if let StmtKind::Declare(d) = &stmt.kind {
+                if let Err(rejection) = super::declaration::effect(d) {
+                    replacement = Some(raise_block(&rejection));
+                }
+            }
+            self.note_sql_prepare(&stmt.kind);
+        }
+        shared.statements.insert(name.to_owned(), analysis);
+        shared.pending.push_back(Unit::Parse(None));
+        replacement
+    }
+
+    /// Bind: remembers which statement the portal runs.
+    pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str) {
+        let analysis = shared.statements.get(statement).cloned().unwrap_or_default();
+        shared.portals.insert(portal.to_owned(), (analysis, self.sent));
+        shared.pending.push_back(Unit::Bind(None));
+    }
+
+    /// Execute: appends the guard (or rejection) messages that must run
+    /// before it to `out`, then records the client's Execute.
+    pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
+        let analysis = shared.portals.get(portal).map(|(a, _)| a.clone()).unwrap_or_default();
+        let mut effect = None;
+        if let [stmt] = analysis.statements.as_slice() {
+            if let StmtKind::Declare(d) = &stmt.kind {
+                if let Ok(e) = super::declaration::effect(d) {
+                    self.speculate(&e);
+                    effect = Some(e);
+                }
+            }
+            let need = self.need(&stmt.kind);
+            if let Some(decision) = self.decide(need) {
+                self.inject_extended(shared, decision, out);
+            }
+        }
+        shared.pending.push_back(Unit::Execute(None, effect));
+    }
+
+    /// Describe.
+    pub fn on_describe(&mut self, shared: &mut Shared) {
+        shared.pending.push_back(Unit::Describe);
+    }
+
+    /// Close of a statement (`S`) or portal (`P`).
+    pub fn on_close(&mut self, shared: &mut Shared, kind: u8, name: &str) {
+        if kind == b'S' {
+            shared.statements.remove(name);
+        } else {
+            shared.portals.remove(name);
+        }
+        shared.pending.push_back(Unit::Close(None));
+    }
+
+    /// Sync.
+    pub fn on_sync(&mut self, shared: &mut Shared) {
+        self.sent += 1;
+        shared.pending.push_back(Unit::Sync);
+    }
+
+    /// FunctionCall.
+    pub fn on_function_call(&mut self, shared: &mut Shared) {
+        self.sent += 1;
+        shared.pending.push_back(Unit::FunctionCall);
+    }
+
+    fn inject_extended(&mut self, shared: &mut Shared, decision: Decision, out: &mut BytesMut) {
+        let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
+            Decision::Guard { fence, epoch } => {
+                if shared.guard_still_held(fence, epoch) {
+                    return;
+                }
+                let (name, lease) = self.fence_args(fence);
+                let params = guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec();
+                (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
+            }
+            Decision::Reject(r) => {
+                (OwnStatement::Reject, Injected::Reject, vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint)])
+            }
+        };
+        let name = own.name();
+        let prepared = shared.own.get(&own).copied().unwrap_or_default();
+        let usable = prepared == Prepared::Yes || prepared == Prepared::InFlight(self.sent);
+        if !usable {
+            let (sql, types) = match own {
+                OwnStatement::Guard => (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec()),
+                OwnStatement::Reject => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
+            };
+            if matches!(prepared, Prepared::InFlight(_)) {
+                // A Parse from an earlier batch may or may not have landed: close it first.
+                codec::close_statement(out, name);
+                shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
+            }
+            codec::parse(out, name, sql, types);
+            shared.pending.push_back(Unit::Parse(Some(Injected::Prepare(own))));
+            shared.own.insert(own, Prepared::InFlight(self.sent));
+        }
+        let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
+        codec::bind_text(out, OWN_PORTAL, name, &params);
+        shared.pending.push_back(Unit::Bind(Some(Injected::Plumbing)));
+        codec::execute(out, OWN_PORTAL);
+        shared.pending.push_back(Unit::Execute(Some(injected), None));
+        codec::close_portal(out, OWN_PORTAL);
+        shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
+    }
+
+    /// What a statement needs, resolving SQL-level EXECUTE of a prepared write.
+    fn need(&self, kind: &StmtKind) -> Need {
+        match kind {
+            StmtKind::Write { fences, .. } => Need::Write(fences.clone()),
+            StmtKind::Unanalysable { fences } => Need::Unanalysable(fences.clone()),
+            StmtKind::Execute { name } => match self.sql_prepared.get(name) {
+                Some((true, fences)) => Need::Write(fences.clone()),
+                Some((false, fences)) => Need::Unanalysable(fences.clone()),
+                None => Need::None,
+            },
+            _ => Need::None,
+        }
+    }
+
+    fn note_sql_prepare(&mut self, kind: &StmtKind) {
+        match kind {
+            StmtKind::Prepare { name, inner } => match inner.as_ref() {
+                StmtKind::Write { fences, .. } => {
+                    self.sql_prepared.insert(name.clone(), (true, fences.clone()));
+                }
+                StmtKind::Unanalysable { fences } => {
+                    self.sql_prepared.insert(name.clone(), (false, fences.clone()));
+                }
+                _ => {
+                    self.sql_prepared.remove(name);
+                }
+            },
+            StmtKind::Deallocate { name: Some(name) } => {
+                self.sql_prepared.remove(name);
+            }
+            StmtKind::Deallocate { name: None } => self.sql_prepared.clear(),
+            _ => {}
+        }
+    }
+
+    fn decide(&self, need: Need) -> Option<Decision> {
+        let declared = Declared {
+            epoch: self.speculative.epoch.current().copied(),
+            fence_name: self.speculative.fence.current().map(String::as_str),
+        };
+        let (names, applicable) = (&self.fences.names, &self.fences.applicable);
+        match need {
+            Need::None => None,
+            Need::Write(f) => Some(policy::decide(Access::Write(&f), declared, names, applicable)),
+            Need::Unanalysable(f) => Some(policy::decide(Access::Unanalysable(&f), declared, names, applicable)),
+        }
+    }
+
+    fn speculate(&mut self, effect: &Effect) {
+        match effect.clone() {
+            Effect::Epoch(scope, v) => self.speculative.epoch.set(scope, v),
+            Effect::Fence(scope, v) => self.speculative.fence.set(scope, v),
+            Effect::ResetAll => self.speculative.reset_all(),
+        }
+    }
+
+    fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {
+        let f = &self.fences.config[usize::from(fence.0)];
+        (f.name.as_str(), self.fences.lease_tables[usize::from(fence.0)].as_deref())
+    }
+
+    fn keeps_hwm(&self, fence: FenceId) -> bool {
+        self.fences.config[usize::from(fence.0)].mode == crate::config::Mode::Reject
+    }
+}
+
+/// A statement that raises `r` without needing the pgfence schema.
+fn raise_block(r: &Rejection) -> String {
+    let body = format!(
+        "BEGIN RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}, HINT = {}; END",
+        guard_sql::quote_literal(r.code),
+        guard_sql::quote_literal(&r.message),
+        guard_sql::quote_literal(&r.hint)
+    );
+    format!("DO {}", guard_sql::quote_literal(&body))
+}

@@ -1,0 +1,380 @@
+//! The two relay directions of a session. Each is one long-running future;
+//! the session polls both in one `select!`, so neither direction can block
+//! the other (a proxy that wrote and read in turn could deadlock against a
+//! pipelining client).
+//!
+//! Bytes are forwarded in the chunks they arrive in. Only the messages pgfence
+//! inspects are read whole, and only those it changes are rebuilt; everything
+//! else streams through whatever its size.
+
+use std::sync::Mutex;
+
+use bytes::{Buf, BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::dispatch::Dispatcher;
+use super::state::{Shared, Verdict};
+use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
+
+/// Read buffer size; also what an idle session keeps per direction.
+const READ_CHUNK: usize = 8 * 1024;
+/// Bind messages are inspected through their first bytes only (the names).
+const BIND_PREFIX: usize = 64 * 1024;
+/// Largest small client message (Execute, Close, Describe, Sync, Flush, Terminate).
+const SMALL_MESSAGE: usize = 64 * 1024;
+/// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse) up to this size.
+const SERVER_INSPECT: usize = 1024 * 1024;
+/// Buffers grown past this are released once empty.
+const SHRINK_ABOVE: usize = 1024 * 1024;
+
+/// Why a relay direction stopped.
+#[derive(Debug)]
+pub enum End {
+    /// The client closed its socket.
+    ClientGone,
+    /// The client sent Terminate.
+    ClientTerminated,
+    /// The client broke the protocol.
+    ClientProtocol(String),
+    /// The upstream closed; `after_error` when its last message was an ErrorResponse.
+    UpstreamGone {
+        /// The upstream said why (a FATAL) before closing.
+        after_error: bool,
+    },
+    /// The upstream sent bytes that are not protocol messages.
+    UpstreamProtocol,
+    /// Shutdown is draining and the session has no open transaction.
+    Drained,
+    /// I/O error on either side.
+    Io(std::io::Error),
+}
+
+/// Collects what to write: while every message is forwarded as it came, the
+/// input is written directly; the first change switches to copying.
+struct Emitter {
+    out: BytesMut,
+    copying: bool,
+}
+
+impl Emitter {
+    fn new() -> Self {
+        Self { out: BytesMut::new(), copying: false }
+    }
+
+    fn start_copying(&mut self, buf: &[u8], pos: usize) {
+        if !self.copying {
+            self.out.extend_from_slice(&buf[..pos]);
+            self.copying = true;
+        }
+    }
+
+    /// `buf[pos..end]` goes out unchanged.
+    fn forward(&mut self, buf: &[u8], pos: usize, end: usize) {
+        if self.copying {
+            self.out.extend_from_slice(&buf[pos..end]);
+        }
+    }
+
+    /// Something else goes out in place of (or before) `buf[pos..]`.
+    fn insert(&mut self, buf: &[u8], pos: usize, bytes: &[u8]) {
+        self.start_copying(buf, pos);
+        self.out.extend_from_slice(bytes);
+    }
+
+    /// `buf[pos..]`'s next bytes are dropped.
+    fn skip(&mut self, buf: &[u8], pos: usize) {
+        self.start_copying(buf, pos);
+    }
+
+    /// Writes the round's output: `buf[..pos]` directly, or the copy.
+    async fn flush<W: AsyncWrite + Unpin>(&mut self, w: &mut W, buf: &[u8], pos: usize) -> std::io::Result<()> {
+        if self.copying {
+            if !self.out.is_empty() {
+                w.write_all(&self.out).await?;
+            }
+            self.out.clear();
+            self.copying = false;
+        } else if pos > 0 {
+            w.write_all(&buf[..pos]).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.is_empty() && buf.capacity() > SHRINK_ABOVE {
+        *buf = BytesMut::with_capacity(READ_CHUNK);
+    }
+    if buf.capacity() - buf.len() < READ_CHUNK / 2 {
+        buf.reserve(READ_CHUNK);
+    }
+    r.read_buf(buf).await
+}
+
+/// Client to upstream. Cancel safe: no (a partly written batch is lost), but
+/// the session ends whenever it is dropped.
+pub async fn client_to_upstream<R, W>(
+    cr: &mut R,
+    uw: &mut W,
+    shared: &Mutex<Shared>,
+    disp: &mut Dispatcher,
+    max_message: usize,
+) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut em = Emitter::new();
+    let mut stream = 0usize;
+    loop {
+        let mut pos = 0;
+        let mut terminated = false;
+        let mut need = 0;
+        {
+            let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
+            while pos < buf.len() {
+                if stream > 0 {
+                    let n = stream.min(buf.len() - pos);
+                    em.forward(&buf, pos, pos + n);
+                    pos += n;
+                    stream -= n;
+                    continue;
+                }
+                let h = match peek_header(&buf[pos..]) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(e) => return End::ClientProtocol(e.to_string()),
+                };
+                let total = h.total_len();
+                let whole = match h.tag {
+                    b'Q' | b'P' if h.body_len > max_message => {
+                        return End::ClientProtocol(format!("message of {} bytes exceeds max_message_size", h.body_len));
+                    }
+                    b'Q' | b'P' => total,
+                    b'B' => total.min(HEADER_LEN + BIND_PREFIX),
+                    b'E' | b'C' | b'D' | b'S' | b'H' | b'X' if h.body_len > SMALL_MESSAGE => {
+                        return End::ClientProtocol(format!("message type '{}' too long", h.tag as char));
+                    }
+                    b'E' | b'C' | b'D' | b'S' | b'H' | b'X' => total,
+                    // Everything else streams; only its header is looked at.
+                    _ => HEADER_LEN,
+                };
+                if buf.len() - pos < whole {
+                    need = whole - (buf.len() - pos);
+                    break;
+                }
+                disp.resync(&st);
+                let msg = &buf[pos..pos + whole];
+                match handle_client_message(h.tag, msg, total, &mut st, disp) {
+                    Ok(Action::Forward) => {}
+                    Ok(Action::Replace(bytes)) => {
+                        em.insert(&buf, pos, &bytes);
+                        em.skip(&buf, pos);
+                        pos += total;
+                        continue;
+                    }
+                    Ok(Action::Prefix(bytes)) => em.insert(&buf, pos, &bytes),
+                    Ok(Action::Terminate) => terminated = true,
+                    Err(reason) => return End::ClientProtocol(reason),
+                }
+                stream = total;
+                if terminated {
+                    let n = stream.min(buf.len() - pos);
+                    em.forward(&buf, pos, pos + n);
+                    pos += n;
+                    break;
+                }
+            }
+        }
+        if let Err(e) = em.flush(uw, &buf, pos).await {
+            return End::Io(e);
+        }
+        buf.advance(pos);
+        if terminated {
+            return End::ClientTerminated;
+        }
+        if need > 0 {
+            buf.reserve(need);
+        }
+        match fill(cr, &mut buf).await {
+            Ok(0) => return End::ClientGone,
+            Ok(_) => {}
+            Err(e) => return End::Io(e),
+        }
+    }
+}
+
+enum Action {
+    Forward,
+    /// Send these bytes instead of the message.
+    Replace(BytesMut),
+    /// Send these bytes before the message.
+    Prefix(BytesMut),
+    Terminate,
+}
+
+/// One client message; `msg` holds the header and the inspected body bytes.
+fn handle_client_message(
+    tag: u8,
+    msg: &[u8],
+    total: usize,
+    st: &mut Shared,
+    disp: &mut Dispatcher,
+) -> Result<Action, String> {
+    let malformed = || format!("malformed message type '{}'", tag as char);
+    let mut body = Body::new(&msg[HEADER_LEN..]);
+    match tag {
+        b'Q' => {
+            let sql = body.cstr().ok_or_else(malformed)?;
+            if !body.rest().is_empty() {
+                return Err(malformed());
+            }
+            let text = String::from_utf8_lossy(sql);
+            let exact = matches!(text, std::borrow::Cow::Borrowed(_));
+            let Some(new) = disp.on_query(st, &text, exact) else {
+                return Ok(Action::Forward);
+            };
+            let mut out = BytesMut::with_capacity(new.len() + 6);
+            crate::protocol::codec::query(&mut out, &new);
+            Ok(Action::Replace(out))
+        }
+        b'P' => {
+            let name = body.cstr_utf8().ok_or_else(malformed)?;
+            let sql = body.cstr().ok_or_else(malformed)?;
+            let params = body.rest();
+            let text = String::from_utf8_lossy(sql);
+            let Some(new) = disp.on_parse(st, name, &text) else {
+                return Ok(Action::Forward);
+            };
+            let mut out = BytesMut::with_capacity(new.len() + name.len() + params.len() + 8);
+            out.put_u8(b'P');
+            out.put_i32((4 + name.len() + 1 + new.len() + 1 + params.len()) as i32);
+            out.put_slice(name.as_bytes());
+            out.put_u8(0);
+            out.put_slice(new.as_bytes());
+            out.put_u8(0);
+            out.put_slice(params);
+            Ok(Action::Replace(out))
+        }
+        b'B' => {
+            let portal = body.cstr_utf8();
+            let statement = body.cstr_utf8();
+            match (portal, statement) {
+                (Some(p), Some(s)) => disp.on_bind(st, p, s),
+                _ if msg.len() < total => return Err("Bind names too long".into()),
+                _ => return Err(malformed()),
+            }
+            Ok(Action::Forward)
+        }
+        b'E' => {
+            let portal = body.cstr_utf8().ok_or_else(malformed)?;
+            body.i32().ok_or_else(malformed)?;
+            let mut out = BytesMut::new();
+            disp.on_execute(st, portal, &mut out);
+            Ok(if out.is_empty() { Action::Forward } else { Action::Prefix(out) })
+        }
+        b'C' | b'D' => {
+            let kind = body.u8().ok_or_else(malformed)?;
+            let name = body.cstr_utf8().ok_or_else(malformed)?;
+            if !matches!(kind, b'S' | b'P') {
+                return Err(malformed());
+            }
+            if tag == b'C' {
+                disp.on_close(st, kind, name);
+            } else {
+                disp.on_describe(st);
+            }
+            Ok(Action::Forward)
+        }
+        b'S' => {
+            disp.on_sync(st);
+            Ok(Action::Forward)
+        }
+        b'F' => {
+            disp.on_function_call(st);
+            Ok(Action::Forward)
+        }
+        b'X' => Ok(Action::Terminate),
+        _ => Ok(Action::Forward),
+    }
+}
+
+/// Upstream to client. Cancel safe: no (see [`client_to_upstream`]).
+pub async fn upstream_to_client<R, W>(ur: &mut R, cw: &mut W, shared: &Mutex<Shared>) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut em = Emitter::new();
+    // Bytes of the current message still to come, and whether they are forwarded.
+    let mut stream = (0usize, true);
+    let mut last_error = false;
+    loop {
+        let mut pos = 0;
+        let mut need = 0;
+        let drained;
+        {
+            let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
+            while pos < buf.len() {
+                if stream.0 > 0 {
+                    let n = stream.0.min(buf.len() - pos);
+                    if stream.1 {
+                        em.forward(&buf, pos, pos + n);
+                    } else {
+                        em.skip(&buf, pos);
+                    }
+                    pos += n;
+                    stream.0 -= n;
+                    continue;
+                }
+                let h = match peek_header(&buf[pos..]) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(_) => return End::UpstreamProtocol,
+                };
+                let total = h.total_len();
+                last_error = h.tag == b'E';
+                if matches!(h.tag, b'Z' | b'C' | b'E') && h.body_len <= SERVER_INSPECT {
+                    if buf.len() - pos < total {
+                        need = total - (buf.len() - pos);
+                        break;
+                    }
+                    match st.on_server_message(h.tag, Some(&buf[pos + HEADER_LEN..pos + total])) {
+                        Verdict::Forward => em.forward(&buf, pos, pos + total),
+                        Verdict::Swallow => em.skip(&buf, pos),
+                        Verdict::Replace(bytes) => em.insert(&buf, pos, &bytes),
+                    }
+                    pos += total;
+                } else {
+                    let forward = match st.on_server_message(h.tag, None) {
+                        Verdict::Forward => true,
+                        Verdict::Swallow => false,
+                        Verdict::Replace(bytes) => {
+                            em.insert(&buf, pos, &bytes);
+                            false
+                        }
+                    };
+                    stream = (total, forward);
+                }
+            }
+            drained = st.draining && st.pending.is_empty() && st.tx_status == b'I' && stream.0 == 0;
+        }
+        if let Err(e) = em.flush(cw, &buf, pos).await {
+            return End::Io(e);
+        }
+        buf.advance(pos);
+        if drained {
+            return End::Drained;
+        }
+        if need > 0 {
+            buf.reserve(need);
+        }
+        match fill(ur, &mut buf).await {
+            Ok(0) => return End::UpstreamGone { after_error: last_error },
+            Ok(_) => {}
+            Err(e) => return End::Io(e),
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The startup phase of a session, up to the first ReadyForQuery.
+//!
+//! Authentication is relayed untouched: pgfence holds no credentials. The
+//! upstream's BackendKeyData is kept for cancel requests and the client gets
+//! pgfence's own key instead, so a client can only cancel its own queries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::{debug, info};
+
+use super::context::DbFences;
+use super::declare::Declarations;
+use crate::error::ProxyError;
+use crate::fence::epoch::Epoch;
+use crate::protocol::codec;
+use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
+use crate::protocol::startup::{FirstPacket, StartupError, StartupMessage, read_first_packet};
+use crate::server::{CancelKeyGuard, ServerContext, UpstreamKey};
+
+/// Postgres' `authentication_timeout` default.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest message accepted during authentication (SASL and GSS tokens are small).
+const AUTH_MESSAGE_MAX: usize = 64 * 1024;
+
+/// A session past startup, ready to relay.
+pub struct Established {
+    /// The client socket.
+    pub client: TcpStream,
+    /// The upstream socket, authenticated.
+    pub upstream: TcpStream,
+    /// Declarations from the startup packet.
+    pub declared: Declarations,
+    /// Fences of the session's database.
+    pub fences: Arc<DbFences>,
+    /// Unregisters the cancel key when the session ends.
+    pub _cancel_key: CancelKeyGuard,
+}
+
+/// Runs startup. `Ok(None)` when the connection was a cancel request or
+/// ended with an error already reported to the client.
+pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Option<Established>, StartupError> {
+    match tokio::time::timeout(STARTUP_TIMEOUT, establish_inner(&mut client, ctx)).await {
+        Ok(Ok(Some((upstream, declared, fences, key)))) => {
+            Ok(Some(Established { client, upstream, declared, fences, _cancel_key: key }))
+        }
+        Ok(Ok(None)) => Ok(None),
+        Ok(Err(e)) => {
+            if let Some(err) = report(&e) {
+                let _ = client.write_all(&err.to_response()).await;
+            }
+            Err(e)
+        }
+        Err(_) => {
+            debug!("startup timed out");
+            Ok(None)
+        }
+    }
+}
+
+/// Which startup errors get a FATAL before the close (Postgres closes silently on bad lengths).
+fn report(e: &StartupError) -> Option<ProxyError> {
+    match e {
+        StartupError::Io(_) => None,
+        StartupError::BadLength | StartupError::Malformed => Some(ProxyError::Protocol(e.to_string())),
+        StartupError::UnsupportedProtocol(..) => Some(ProxyError::Unsupported(e.to_string())),
+    }
+}
+
+type Inner = Option<(TcpStream, Declarations, Arc<DbFences>, CancelKeyGuard)>;
+
+async fn establish_inner(client: &mut TcpStream, ctx: &ServerContext) -> Result<Inner, StartupError> {
+    let startup = loop {
+        match read_first_packet(client).await? {
+            FirstPacket::SslRequest | FirstPacket::GssEncRequest => client.write_all(b"N").await?,
+            FirstPacket::Cancel { pid, secret } => {
+                ctx.cancel(pid, secret).await;
+                return Ok(None);
+            }
+            FirstPacket::Startup(m) => break m,
+        }
+    };
+    let user = startup.get("user").unwrap_or_default().to_owned();
+    let database = startup.get("database").filter(|d| !d.is_empty()).unwrap_or(&user).to_owned();
+    let span = tracing::Span::current();
+    span.record("user", user.as_str());
+    span.record("db", database.as_str());
+    if startup.minor > 0 || !startup.protocol_options().is_empty() {
+        let mut out = BytesMut::new();
+        codec::negotiate_protocol_version(&mut out, 0, startup.protocol_options());
+        client.write_all(&out).await?;
+    }
+    let declared = match startup_declarations(&startup) {
+        Ok(d) => d,
+        Err(err) => {
+            info!(%err, "refused startup declaration");
+            client.write_all(&err.to_response()).await?;
+            return Ok(None);
+        }
+    };
+    if let Some(e) = declared.epoch.current() {
+        span.record("epoch", e.to_string());
+    }
+    let mut upstream = match connect_upstream(ctx).await {
+        Ok(s) => s,
+        Err(err) => {
+            info!(%err, "upstream unreachable");
+            client.write_all(&err.to_response()).await?;
+            return Ok(None);
+        }
+    };
+    upstream.write_all(&startup.encode_for_upstream()).await?;
+    let Some(key) = relay_auth(client, &mut upstream, ctx).await? else {
+        return Ok(None);
+    };
+    let fences = ctx.fences_for(&database);
+    Ok(Some((upstream, declared, fences, key)))
+}
+
+/// `pgfence.epoch` / `pgfence.fence` from `options` (`-c`), then from raw
+/// startup parameters, which Postgres applies last.
+fn startup_declarations(m: &StartupMessage) -> Result<Declarations, ProxyError> {
+    let mut epoch = None;
+    let mut fence = None;
+    let raw = m.params.iter().map(|(k, v)| (k.clone(), v.clone()));
+    for (k, v) in m.option_settings().into_iter().chain(raw) {
+        match k.to_ascii_lowercase().as_str() {
+            "pgfence.epoch" => {
+                epoch = Some(Epoch::parse(&v).map_err(|e| ProxyError::InvalidStartupEpoch(e.to_string()))?);
+            }
+            "pgfence.fence" => fence = Some(v),
+            _ => {}
+        }
+    }
+    Ok(Declarations::from_startup(epoch, fence))
+}
+
+async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> {
+    let addr = ctx.config.upstream.as_str();
+    match tokio::time::timeout(ctx.config.connect_timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        }
+        Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(e.kind().to_string())),
+        Err(_) => Err(ProxyError::UpstreamUnreachable("timed out".into())),
+    }
+}
+
+/// Relays authentication until ReadyForQuery. Returns the registered cancel
+/// key, or `None` when the upstream refused the session (its error was forwarded).
+async fn relay_auth(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    ctx: &ServerContext,
+) -> Result<Option<CancelKeyGuard>, StartupError> {
+    let mut key = None;
+    loop {
+        let (tag, msg) = read_message(upstream).await?;
+        match tag {
+            b'R' => {
+                client.write_all(&msg).await?;
+                let code = Body::new(&msg[HEADER_LEN..]).i32().ok_or(StartupError::Malformed)?;
+                // 0 = ok, 12 = SASL final: no answer expected. Every other request waits for the client.
+                if !matches!(code, 0 | 12) {
+                    let (_, answer) = read_message(client).await?;
+                    upstream.write_all(&answer).await?;
+                }
+            }
+            b'K' => {
+                let mut body = Body::new(&msg[HEADER_LEN..]);
+                let pid = body.i32().ok_or(StartupError::Malformed)?;
+                let secret = body.i32().ok_or(StartupError::Malformed)?;
+                let guard = ctx.register_cancel(UpstreamKey { pid, secret });
+                let mut out = BytesMut::new();
+                codec::backend_key_data(&mut out, guard.pid(), guard.secret());
+                client.write_all(&out).await?;
+                key = Some(guard);
+            }
+            b'Z' => {
+                client.write_all(&msg).await?;
+                // Postgres always sends BackendKeyData for normal sessions; without it
+                // cancel requests for this session simply find nothing.
+                return Ok(Some(key.unwrap_or_else(|| ctx.register_cancel(UpstreamKey { pid: 0, secret: 0 }))));
+            }
+            b'E' => {
+                client.write_all(&msg).await?;
+                return Ok(None);
+            }
+            _ => client.write_all(&msg).await?,
+        }
+    }
+}
+
+/// Reads one whole message during startup.
+async fn read_message(s: &mut TcpStream) -> Result<(u8, BytesMut), StartupError> {
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).await?;
+    let h = peek_header(&head).map_err(|_| StartupError::Malformed)?.ok_or(StartupError::Malformed)?;
+    if h.body_len > AUTH_MESSAGE_MAX {
+        return Err(StartupError::BadLength);
+    }
+    let mut msg = BytesMut::with_capacity(h.total_len());
+    msg.put_slice(&head);
+    msg.resize(h.total_len(), 0);
+    s.read_exact(&mut msg[HEADER_LEN..]).await?;
+    Ok((h.tag, msg))
+}

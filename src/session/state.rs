@@ -1,0 +1,372 @@
+//! Per-session state shared by the two relay directions, and the reply
+//! attribution that lets pgfence inject messages invisibly.
+//!
+//! Every client message that Postgres answers is recorded as a [`Unit`] in
+//! dispatch order. Postgres answers in the same order, so the head of the
+//! queue says which request a server message belongs to: replies to units
+//! pgfence injected are swallowed (except errors, which are the rejection),
+//! replies to the client's own units are forwarded untouched.
+//!
+//! Reply shapes (protocol docs, "Message Flow"):
+//! - Query: per statement `T`/`D`*/`C`, `I` (empty) or COPY; an `E` ends it; then `Z`.
+//! - Parse `1`, Bind `2`, Close `3`; Describe `t`? then `T`/`n`;
+//!   Execute `D`*/COPY then `C`/`I`/`s`; Sync `Z`; FunctionCall `V`, then `Z`.
+//! - An error in an extended-protocol message makes Postgres skip every
+//!   message up to the next Sync: those units get no reply.
+//! - `N`, `A` and `S` may arrive at any time and belong to no unit.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::declare::{Declarations, Scope};
+use crate::error::sqlstate;
+use crate::fence::epoch::Epoch;
+use crate::protocol::{codec, frame};
+use crate::sql::FenceId;
+use crate::sql::classify::Analysis;
+
+/// What an injected unit was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injected {
+    /// The guard for this fence and epoch.
+    Guard(FenceId, Epoch),
+    /// A call that raises a rejection.
+    Reject,
+    /// Preparing one of pgfence's own statements.
+    Prepare(OwnStatement),
+    /// Bind or Close of pgfence's own portal.
+    Plumbing,
+}
+
+/// pgfence's own prepared statements (extended protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OwnStatement {
+    /// `SELECT pgfence.guard($1,$2,$3,$4)`.
+    Guard,
+    /// `SELECT pgfence.reject($1,$2,$3)`.
+    Reject,
+}
+
+impl OwnStatement {
+    /// The statement name used upstream.
+    pub fn name(self) -> &'static str {
+        match self {
+            OwnStatement::Guard => "pgfence_guard_v1",
+            OwnStatement::Reject => "pgfence_reject_v1",
+        }
+    }
+}
+
+/// Whether one of pgfence's statements is prepared on the upstream session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prepared {
+    /// Not prepared (or lost to DISCARD/DEALLOCATE ALL).
+    #[default]
+    No,
+    /// A Parse is in flight in the batch with this Sync number.
+    InFlight(u64),
+    /// Prepared.
+    Yes,
+}
+
+/// A settings change to apply when Postgres confirms the statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// `SET [LOCAL] pgfence.epoch` (None = RESET).
+    Epoch(Scope, Option<Epoch>),
+    /// `SET [LOCAL] pgfence.fence` (None = RESET).
+    Fence(Scope, Option<String>),
+    /// `RESET ALL` / `DISCARD ALL`.
+    ResetAll,
+}
+
+/// How the replies to one statement of a simple Query are treated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Set when pgfence inserted this statement.
+    pub injected: Option<Injected>,
+    /// Applied when the statement completes.
+    pub effect: Option<Effect>,
+}
+
+/// A request awaiting its replies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unit {
+    /// A simple Query; `parts` is empty when every statement is the client's own and has no effect.
+    Query {
+        /// Per statement, in order.
+        parts: Vec<Part>,
+        /// Statements completed so far.
+        done: usize,
+    },
+    /// FunctionCall.
+    FunctionCall,
+    /// Parse.
+    Parse(Option<Injected>),
+    /// Bind.
+    Bind(Option<Injected>),
+    /// Describe.
+    Describe,
+    /// Execute.
+    Execute(Option<Injected>, Option<Effect>),
+    /// Close.
+    Close(Option<Injected>),
+    /// Sync.
+    Sync,
+}
+
+/// What to do with one server message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send it to the client as it came.
+    Forward,
+    /// Drop it (reply to an injected message).
+    Swallow,
+    /// Send this instead.
+    Replace(BytesMut),
+}
+
+/// State shared by both directions of one session. Never held across an await.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Requests awaiting replies, in dispatch order.
+    pub pending: VecDeque<Unit>,
+    /// Transaction status from the last ReadyForQuery (`I`, `T`, `E`).
+    pub tx_status: u8,
+    /// Declarations confirmed by Postgres.
+    pub declared: Declarations,
+    /// The guard that passed in the open transaction (its locks are held until it ends).
+    pub guarded: Option<(FenceId, Epoch)>,
+    /// pgfence's own prepared statements.
+    pub own: HashMap<OwnStatement, Prepared>,
+    /// Syncs and Queries answered so far.
+    pub answered: u64,
+    /// Analyses of the client's named and unnamed statements (extended protocol).
+    pub statements: HashMap<String, Arc<Analysis>>,
+    /// Portals: analysis and the batch they were bound in.
+    pub portals: HashMap<String, (Arc<Analysis>, u64)>,
+    /// Shutdown is draining: end the session once no transaction is open.
+    pub draining: bool,
+    /// Postgres is skipping messages until Sync after an error.
+    skipping: bool,
+    /// An error happened in the open transaction.
+    tx_error: bool,
+    /// Last transaction-ending command tag in the open transaction: true = COMMIT.
+    tx_end: Option<bool>,
+}
+
+impl Shared {
+    /// New state for a session with these startup declarations.
+    pub fn new(declared: Declarations) -> Self {
+        Self { tx_status: b'I', declared, ..Self::default() }
+    }
+
+    /// Whether a guard for `(fence, epoch)` already holds its locks in the
+    /// open transaction, so another one would add nothing. True only when
+    /// nothing in flight can end that transaction.
+    pub fn guard_still_held(&self, fence: FenceId, epoch: Epoch) -> bool {
+        self.tx_status == b'T'
+            && self.guarded == Some((fence, epoch))
+            && self.pending.iter().all(|u| matches!(u, Unit::Parse(_) | Unit::Bind(_) | Unit::Describe | Unit::Close(_)))
+    }
+
+    /// Classifies one server message. `body` is given for `Z`, `C` and `E`
+    /// (when not oversized).
+    pub fn on_server_message(&mut self, tag: u8, body: Option<&[u8]>) -> Verdict {
+        if matches!(tag, b'N' | b'A' | b'S') {
+            return Verdict::Forward;
+        }
+        self.drop_skipped();
+        let Some(front) = self.pending.front_mut() else {
+            return Verdict::Forward;
+        };
+        match front {
+            Unit::Query { parts, done } => {
+                let part = parts.get(*done).cloned();
+                let injected = part.as_ref().and_then(|p| p.injected);
+                match tag {
+                    b'Z' => {
+                        self.pending.pop_front();
+                        self.on_ready(body);
+                        Verdict::Forward
+                    }
+                    b'E' => {
+                        self.tx_error = true;
+                        // The rest of the string is not executed.
+                        *done = parts.len();
+                        self.error_verdict(injected, body)
+                    }
+                    b'C' | b'I' => {
+                        *done += 1;
+                        self.on_complete(tag, body, injected, part.and_then(|p| p.effect))
+                    }
+                    _ if injected.is_some() => Verdict::Swallow,
+                    _ => Verdict::Forward,
+                }
+            }
+            Unit::FunctionCall | Unit::Sync => {
+                match tag {
+                    b'Z' => {
+                        self.pending.pop_front();
+                        self.skipping = false;
+                        self.on_ready(body);
+                    }
+                    b'E' => self.tx_error = true,
+                    _ => {}
+                }
+                Verdict::Forward
+            }
+            Unit::Parse(inj) | Unit::Bind(inj) | Unit::Close(inj) => {
+                let inj = *inj;
+                match tag {
+                    b'1' | b'2' | b'3' => {
+                        self.pending.pop_front();
+                        if let Some(Injected::Prepare(s)) = inj {
+                            self.own.insert(s, Prepared::Yes);
+                        }
+                        if inj.is_some() { Verdict::Swallow } else { Verdict::Forward }
+                    }
+                    b'E' => self.extended_error(inj, body),
+                    _ => Verdict::Forward,
+                }
+            }
+            Unit::Describe => match tag {
+                b'T' | b'n' => {
+                    self.pending.pop_front();
+                    Verdict::Forward
+                }
+                b'E' => self.extended_error(None, body),
+                _ => Verdict::Forward,
+            },
+            Unit::Execute(inj, effect) => {
+                let (inj, effect) = (*inj, effect.take());
+                match tag {
+                    b'C' | b'I' | b's' => {
+                        self.pending.pop_front();
+                        self.on_complete(tag, body, inj, effect)
+                    }
+                    b'E' => self.extended_error(inj, body),
+                    _ => {
+                        if let Unit::Execute(_, slot) = front {
+                            *slot = effect;
+                        }
+                        if inj.is_some() { Verdict::Swallow } else { Verdict::Forward }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A statement completed (`C`, `I` or `s`).
+    fn on_complete(&mut self, tag: u8, body: Option<&[u8]>, injected: Option<Injected>, effect: Option<Effect>) -> Verdict {
+        if let Some(Injected::Guard(fence, epoch)) = injected {
+            self.guarded = Some((fence, epoch));
+        }
+        if tag == b'C' {
+            let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();
+            self.on_command_tag(command);
+            if let Some(effect) = effect {
+                self.apply(effect);
+            }
+        }
+        if injected.is_some() { Verdict::Swallow } else { Verdict::Forward }
+    }
+
+    fn on_command_tag(&mut self, command: &[u8]) {
+        match command {
+            b"COMMIT" | b"PREPARE TRANSACTION" => self.tx_end = Some(true),
+            b"ROLLBACK" => {
+                // Also ROLLBACK TO SAVEPOINT, which releases the guard's locks taken after it.
+                self.tx_end = Some(false);
+                self.guarded = None;
+            }
+            b"DISCARD ALL" => {
+                self.own.clear();
+                self.apply(Effect::ResetAll);
+            }
+            b"DEALLOCATE ALL" => self.own.clear(),
+            _ => {}
+        }
+    }
+
+    fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::Epoch(scope, v) => self.declared.epoch.set(scope, v),
+            Effect::Fence(scope, v) => self.declared.fence.set(scope, v),
+            Effect::ResetAll => self.declared.reset_all(),
+        }
+    }
+
+    /// ReadyForQuery: the batch is over; if no transaction is open any more,
+    /// settings changes commit or roll back with it.
+    fn on_ready(&mut self, body: Option<&[u8]>) {
+        self.answered += 1;
+        let status = body.and_then(|b| b.first().copied()).unwrap_or(b'I');
+        self.tx_status = status;
+        if status == b'I' {
+            let committed = self.tx_end.unwrap_or(!self.tx_error);
+            self.declared.end_transaction(committed);
+            self.guarded = None;
+            self.tx_error = false;
+            self.tx_end = None;
+            let answered = self.answered;
+            self.portals.retain(|_, (_, batch)| *batch >= answered);
+        }
+    }
+
+    /// An ErrorResponse to an extended-protocol unit: Postgres now skips to Sync.
+    fn extended_error(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
+        if let Some(Unit::Parse(Some(Injected::Prepare(s)))) = self.pending.front() {
+            self.own.insert(*s, Prepared::No);
+        }
+        self.pending.pop_front();
+        self.tx_error = true;
+        self.skipping = true;
+        self.drop_skipped();
+        self.error_verdict(injected, body)
+    }
+
+    /// Units Postgres skipped after an error get no reply.
+    fn drop_skipped(&mut self) {
+        while self.skipping {
+            match self.pending.front() {
+                Some(Unit::Sync) | None => break,
+                Some(Unit::Parse(Some(Injected::Prepare(s)))) => {
+                    self.own.insert(*s, Prepared::No);
+                    self.pending.pop_front();
+                }
+                Some(_) => {
+                    self.pending.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Errors are always forwarded; an error from pgfence's own guard because
+    /// the schema or function is missing becomes PF005.
+    fn error_verdict(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
+        let Some(injected) = injected else {
+            return Verdict::Forward;
+        };
+        let code = body.and_then(frame::error_code);
+        if matches!(code, Some(b"26000")) {
+            // Our prepared statement is gone (DEALLOCATE by name): prepare it again next time.
+            self.own.clear();
+        }
+        let missing_schema = matches!(code, Some(b"3F000" | b"42883")) && !matches!(injected, Injected::Plumbing);
+        if missing_schema {
+            let mut out = BytesMut::new();
+            codec::error_response(
+                &mut out,
+                "ERROR",
+                sqlstate::NOT_INITIALISED,
+                "pgfence: the database has no pgfence schema; fenced writes are refused",
+                Some("Run `pgfence init --database-url <url of this database>` (with --config to install lease triggers)."),
+            );
+            return Verdict::Replace(out);
+        }
+        Verdict::Forward
+    }
+}

@@ -1,0 +1,348 @@
+//! Statement forms read with the lexer rather than sqlparser: the ones whose
+//! shape is a fixed prefix (`PREPARE`, `EXECUTE`, `DEALLOCATE`, `EXPLAIN`,
+//! `COPY`) and the fallback for DML that sqlparser cannot parse.
+
+use std::iter::Peekable;
+use std::ops::Range;
+
+use super::{Ctx, Hits, StmtKind};
+use crate::sql::lex::{Lexer, Lexing, Token, TokenKind, ident_value};
+use crate::sql::name::TableName;
+
+/// A peekable token stream over one statement's text.
+struct Cur<'a> {
+    text: &'a str,
+    toks: Peekable<Lexer<'a>>,
+}
+
+impl<'a> Cur<'a> {
+    fn new(text: &'a str, lexing: Lexing) -> Self {
+        Self {
+            text,
+            toks: Lexer::new(text, lexing).peekable(),
+        }
+    }
+
+    fn peek_is_word(&mut self, kw: &str) -> bool {
+        let text = self.text;
+        self.toks.peek().is_some_and(|t| t.is_word(text, kw))
+    }
+
+    fn eat_word(&mut self, kw: &str) -> bool {
+        let hit = self.peek_is_word(kw);
+        if hit {
+            self.toks.next();
+        }
+        hit
+    }
+
+    fn eat_punct(&mut self, b: u8) -> bool {
+        let hit = self.toks.peek().is_some_and(|t| t.is_punct(b));
+        if hit {
+            self.toks.next();
+        }
+        hit
+    }
+
+    /// After an opening `(` was eaten: skips to just after its `)`.
+    fn skip_parens(&mut self) -> bool {
+        let mut depth = 1usize;
+        for t in self.toks.by_ref() {
+            if t.is_punct(b'(') {
+                depth += 1;
+            } else if t.is_punct(b')') {
+                depth -= 1;
+                if depth == 0 {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// An identifier (statement name), normalised.
+    fn ident(&mut self) -> Option<String> {
+        let t = self
+            .toks
+            .next_if(|t| matches!(t.kind, TokenKind::Word | TokenKind::QuotedIdent))?;
+        ident_value(self.text, &t)
+    }
+
+    /// A possibly qualified name; `None` if absent or unreadable (`U&"…"`).
+    fn name(&mut self) -> Option<TableName> {
+        let mut parts = vec![self.ident()?];
+        while self.eat_punct(b'.') {
+            parts.push(self.ident()?);
+        }
+        let name = parts.pop()?;
+        Some(TableName {
+            schema: parts.pop(),
+            name,
+        })
+    }
+
+    /// Where the next token starts, relative to the text.
+    fn rest(&mut self) -> Option<usize> {
+        self.toks.peek().map(|t| t.span.start)
+    }
+
+    fn done(&mut self) -> bool {
+        self.toks.peek().is_none()
+    }
+}
+
+fn sub(span: &Range<usize>, rel: Range<usize>) -> Range<usize> {
+    span.start + rel.start..span.start + rel.end
+}
+
+impl Ctx<'_> {
+    /// `PREPARE name [(types)] AS stmt`; `PREPARE TRANSACTION 'gid'` is 2PC.
+    pub(super) fn prepare(&mut self, span: Range<usize>, depth: usize) -> StmtKind {
+        let mut c = Cur::new(self.text(&span), self.lexing);
+        c.toks.next();
+        if c.peek_is_word("transaction") {
+            return StmtKind::Other;
+        }
+        let Some(name) = c.ident() else {
+            return self.unanalysable_if_named(&span);
+        };
+        if c.eat_punct(b'(') && !c.skip_parens() {
+            return self.unanalysable_if_named(&span);
+        }
+        match (c.eat_word("as"), c.rest()) {
+            (true, Some(start)) => {
+                let inner = self.classify(sub(&span, start..span.len()), depth + 1);
+                StmtKind::Prepare {
+                    name,
+                    inner: Box::new(inner),
+                }
+            }
+            _ => self.unanalysable_if_named(&span),
+        }
+    }
+
+    /// `EXECUTE name [(args)]`.
+    pub(super) fn execute(&self, span: &Range<usize>) -> StmtKind {
+        let mut c = Cur::new(self.text(span), self.lexing);
+        c.toks.next();
+        match c.ident() {
+            Some(name) => StmtKind::Execute { name },
+            None => self.unanalysable_if_named(span),
+        }
+    }
+
+    /// `DEALLOCATE [PREPARE] {name | ALL}`.
+    pub(super) fn deallocate(&self, span: &Range<usize>) -> StmtKind {
+        let mut c = Cur::new(self.text(span), self.lexing);
+        c.toks.next();
+        let prepare = c.peek_is_word("prepare");
+        if prepare {
+            c.toks.next();
+            if c.done() {
+                return StmtKind::Deallocate {
+                    name: Some("prepare".to_owned()),
+                };
+            }
+        }
+        if c.peek_is_word("all") {
+            return StmtKind::Deallocate { name: None };
+        }
+        match c.ident() {
+            Some(name) => StmtKind::Deallocate { name: Some(name) },
+            None => StmtKind::Other,
+        }
+    }
+
+    /// `EXPLAIN [ANALYZE] [VERBOSE] stmt` / `EXPLAIN (option [value], …) stmt`:
+    /// only with ANALYZE does the statement run.
+    pub(super) fn explain(&mut self, span: Range<usize>, depth: usize) -> StmtKind {
+        let mut c = Cur::new(self.text(&span), self.lexing);
+        c.toks.next();
+        let mut analyze = false;
+        if c.eat_punct(b'(') {
+            match explain_options(&mut c) {
+                Some(a) => analyze = a,
+                None => return self.unanalysable_if_named(&span),
+            }
+        } else {
+            while c.peek_is_word("analyze") || c.peek_is_word("analyse") || c.peek_is_word("verbose") {
+                analyze |= !c.peek_is_word("verbose");
+                c.toks.next();
+            }
+        }
+        let Some(start) = c.rest() else { return StmtKind::Other };
+        if !analyze {
+            return StmtKind::Other;
+        }
+        match self.classify(sub(&span, start..span.len()), depth + 1) {
+            k @ (StmtKind::Write { .. } | StmtKind::Unanalysable { .. } | StmtKind::Execute { .. }) => k,
+            _ => StmtKind::Other,
+        }
+    }
+
+    /// `COPY table [(cols)] FROM …` writes; `COPY … TO` reads, unless it is
+    /// `COPY (INSERT/UPDATE/DELETE … RETURNING) TO`.
+    pub(super) fn copy(&mut self, span: Range<usize>, depth: usize) -> StmtKind {
+        let text = self.text(&span);
+        let mut c = Cur::new(text, self.lexing);
+        c.toks.next();
+        if c.eat_punct(b'(') {
+            let Some(start) = c.rest() else { return StmtKind::Other };
+            let mut end = None;
+            let mut open = 1usize;
+            for t in c.toks.by_ref() {
+                if t.is_punct(b'(') {
+                    open += 1;
+                } else if t.is_punct(b')') {
+                    open -= 1;
+                    if open == 0 {
+                        end = Some(t.span.start);
+                        break;
+                    }
+                }
+            }
+            let Some(end) = end else {
+                return self.unanalysable_if_named(&span);
+            };
+            return match self.classify(sub(&span, start..end), depth + 1) {
+                k @ (StmtKind::Write { .. } | StmtKind::Unanalysable { .. }) => k,
+                _ => StmtKind::Other,
+            };
+        }
+        c.eat_word("binary");
+        let Some(name) = c.name() else {
+            return self.unanalysable_if_named(&span);
+        };
+        if c.eat_punct(b'(') && !c.skip_parens() {
+            return self.unanalysable_if_named(&span);
+        }
+        if c.eat_word("to") {
+            StmtKind::Other
+        } else if c.eat_word("from") {
+            let mut hits = Hits::default();
+            hits.name(&name, self.fences);
+            hits.into_write(self.fences)
+        } else {
+            self.unanalysable_if_named(&span)
+        }
+    }
+}
+
+/// Reads `option [value], … )` after `EXPLAIN (`; returns whether ANALYZE
+/// is on. Unknown values count as on (fail closed); `None` if unbalanced.
+fn explain_options(c: &mut Cur<'_>) -> Option<bool> {
+    let text = c.text;
+    let mut analyze = false;
+    loop {
+        let opt = c.toks.next()?;
+        let is_analyze = opt.is_word(text, "analyze") || opt.is_word(text, "analyse");
+        let mut value: Option<Token> = None;
+        loop {
+            let t = c.toks.next()?;
+            if t.is_punct(b',') || t.is_punct(b')') {
+                if is_analyze {
+                    analyze = !value.as_ref().is_some_and(|v| is_false(text, v));
+                }
+                if t.is_punct(b')') {
+                    return Some(analyze);
+                }
+                break;
+            }
+            if t.is_punct(b'(') {
+                return None;
+            }
+            value = Some(t);
+        }
+    }
+}
+
+/// Whether a boolean option value is false, as Postgres' `defGetBoolean` reads it.
+fn is_false(text: &str, v: &Token) -> bool {
+    let raw = text.get(v.span.clone()).unwrap_or("");
+    let raw = raw.trim_matches('\'');
+    ["false", "off", "0"].iter().any(|f| raw.eq_ignore_ascii_case(f))
+}
+
+/// `CREATE TABLE … AS EXECUTE name` runs a prepared statement.
+pub(super) fn as_execute(text: &str, lexing: Lexing) -> Option<String> {
+    let mut c = Cur::new(text, lexing);
+    while let Some(t) = c.toks.next() {
+        if t.is_word(text, "as") && c.eat_word("execute") {
+            return c.ident();
+        }
+    }
+    None
+}
+
+/// Whether a data-modifying keyword appears outside strings (`FOR UPDATE` and
+/// `FOR NO KEY UPDATE` are row locks, not writes).
+pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
+    let mut prev: Option<Token> = None;
+    for t in Lexer::new(text, lexing) {
+        if t.kind == TokenKind::Word {
+            let lock = t.is_word(text, "update")
+                && prev
+                    .as_ref()
+                    .is_some_and(|p| p.is_word(text, "for") || p.is_word(text, "key"));
+            let dml = ["insert", "update", "delete", "merge", "truncate", "copy"]
+                .iter()
+                .any(|k| t.is_word(text, k));
+            if dml && !lock {
+                return true;
+            }
+        }
+        prev = Some(t);
+    }
+    false
+}
+
+/// The tables a DML/DDL statement sqlparser could not parse changes, read
+/// from its fixed prefix: `INSERT INTO t`, `UPDATE [ONLY] t`, `DELETE FROM
+/// [ONLY] t`, `MERGE INTO [ONLY] t`, `ALTER TABLE [IF EXISTS] [ONLY] t`,
+/// `DROP TABLE [IF EXISTS] t, …`, `TRUNCATE [TABLE] [ONLY] t [*], … [CASCADE]`.
+/// `None` when the prefix is not one of these or a name is unreadable.
+pub(super) fn dml_targets(text: &str, lexing: Lexing) -> Option<(Vec<TableName>, bool)> {
+    let mut c = Cur::new(text, lexing);
+    let first = c.toks.next()?;
+    let kw = |k: &str| first.is_word(text, k);
+    let list = if kw("insert") {
+        c.eat_word("into").then_some(())?;
+        false
+    } else if kw("update") {
+        false
+    } else if kw("delete") {
+        c.eat_word("from").then_some(())?;
+        false
+    } else if kw("merge") {
+        c.eat_word("into").then_some(())?;
+        false
+    } else if kw("alter") {
+        c.eat_word("table").then_some(())?;
+        if c.eat_word("if") && !c.eat_word("exists") {
+            return None;
+        }
+        false
+    } else if kw("drop") {
+        c.eat_word("table").then_some(())?;
+        if c.eat_word("if") && !c.eat_word("exists") {
+            return None;
+        }
+        true
+    } else if kw("truncate") {
+        c.eat_word("table");
+        true
+    } else {
+        return None;
+    };
+    let mut names = Vec::new();
+    loop {
+        c.eat_word("only");
+        names.push(c.name()?);
+        c.eat_punct(b'*');
+        if !(list && c.eat_punct(b',')) {
+            break;
+        }
+    }
+    let cascade = kw("truncate") && c.toks.any(|t| t.is_word(text, "cascade"));
+    Some((names, cascade))
+}

@@ -1,0 +1,501 @@
+//! Deciding which statements of a Query may change a fenced table.
+//!
+//! The classifier fails closed: a statement that mentions a fenced table and
+//! cannot be understood is [`StmtKind::Unanalysable`] (the caller answers it
+//! with PF004), never [`StmtKind::Other`]. It works in three tiers, cheapest
+//! first, because almost all traffic is not a fenced write:
+//!
+//! 1. **Dispatch on the first keyword** with the small lexer: declarations,
+//!    `PREPARE`/`EXECUTE`/`DEALLOCATE`, `EXPLAIN`, `COPY`, `DO`/`CALL` and the
+//!    commands that can never write a table (`BEGIN`, `SHOW`, `VACUUM`, …).
+//! 2. **Pre-filter**: the text is lower-cased once into a buffer and each
+//!    fenced table name searched with `memchr::memmem`. A statement that names
+//!    no fenced table (and has no `U&"…"` identifier, which could spell any
+//!    name) is [`StmtKind::Other`] without parsing.
+//! 3. **sqlparser** (PostgreSqlDialect) for the rest, with a token-based
+//!    fallback for what it cannot parse (`WHERE CURRENT OF`, `FOR NO KEY
+//!    UPDATE`, over-long statements).
+//!
+//! Writes the statement does not name (functions, triggers, rules, foreign-key
+//! cascades, updatable views) are invisible here by design; the docs say so.
+
+mod ast;
+mod forms;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use memchr::memmem::Finder;
+
+use super::declare::{self, Declaration};
+use super::lex::{Lexer, Lexing, TokenKind, ident_value};
+use super::name::TableName;
+use super::split;
+
+/// Identifies a configured fence (an index chosen by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FenceId(pub u16);
+
+/// The fenced tables the classifier looks for, with their fences.
+#[derive(Debug, Clone)]
+pub struct FenceSet {
+    tables: Vec<(TableName, FenceId)>,
+    /// One pre-filter needle per table, parallel to `tables`.
+    needles: Vec<Finder<'static>>,
+}
+
+impl FenceSet {
+    /// Builds the set from configured (schema-qualified) table names.
+    pub fn new(tables: Vec<(TableName, FenceId)>) -> Self {
+        let needles = tables
+            .iter()
+            .map(|(t, _)| Finder::new(needle(&t.name).as_bytes()).into_owned())
+            .collect();
+        Self { tables, needles }
+    }
+
+    /// Whether no table is fenced (then nothing is ever a fenced write).
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    /// The configured tables and their fences.
+    pub fn tables(&self) -> &[(TableName, FenceId)] {
+        &self.tables
+    }
+
+    /// The lower-cased byte strings the pre-filter searches for, one per
+    /// table: a statement whose lower-cased text contains none of them does
+    /// not name a fenced table (except through `U&"…"`).
+    pub fn prefilter_needles(&self) -> impl Iterator<Item = &[u8]> {
+        self.needles.iter().map(Finder::needle)
+    }
+
+    /// Whether lower-cased text `lower` contains any fenced name.
+    fn mentioned_in(&self, lower: &[u8]) -> bool {
+        self.needles.iter().any(|f| f.find(lower).is_some())
+    }
+}
+
+/// The pre-filter needle of a table name: lower-cased (a superset check, as
+/// unquoted names are folded); a name with `"` appears doubled in SQL, so only
+/// the longest quote-free piece is searched (empty: every text matches).
+fn needle(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    lower.split('"').max_by_key(|p| p.len()).unwrap_or("").to_owned()
+}
+
+/// The result of analysing one Query text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Analysis {
+    /// The statements, in order; empty for an empty or comment-only text.
+    pub statements: Vec<Stmt>,
+}
+
+impl Analysis {
+    /// Whether any statement needs the caller's attention (anything but
+    /// [`StmtKind::Other`]).
+    pub fn is_plain(&self) -> bool {
+        self.statements.iter().all(|s| s.kind == StmtKind::Other)
+    }
+}
+
+/// One statement of a Query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stmt {
+    /// Its bytes in the analysed text (no surrounding comments, no `;`); on
+    /// char boundaries. Used to put a guard before it or to replace it.
+    pub span: Range<usize>,
+    /// What it does to fenced tables.
+    pub kind: StmtKind,
+}
+
+/// What a statement does, as far as fencing is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StmtKind {
+    /// Not a fenced write: pass it untouched.
+    Other,
+    /// May change these fenced tables (sorted, deduplicated).
+    Write {
+        /// The fences of `tables`.
+        fences: Vec<FenceId>,
+        /// The configured names of the fenced tables it may change.
+        tables: Vec<TableName>,
+    },
+    /// Names a fenced table but cannot be analysed (parse failure, `CALL`,
+    /// `DO`, a `U&"…"` name): refuse with PF004 whatever the epoch.
+    Unanalysable {
+        /// The fences it may touch (every fence when a name is unreadable).
+        fences: Vec<FenceId>,
+    },
+    /// Changes the session's declaration.
+    Declare(Declaration),
+    /// SQL-level `PREPARE name [(types)] AS inner`; `name` normalised as an
+    /// identifier. `EXECUTE name` later does what `inner` says.
+    Prepare {
+        /// The statement name.
+        name: String,
+        /// What executing it does.
+        inner: Box<StmtKind>,
+    },
+    /// SQL-level `EXECUTE name [(args)]`, also `EXPLAIN ANALYZE EXECUTE name`
+    /// and `CREATE TABLE … AS EXECUTE name`: runs a prepared statement.
+    Execute {
+        /// The statement name.
+        name: String,
+    },
+    /// `DEALLOCATE [PREPARE] name` (`Some`) or `DEALLOCATE ALL` (`None`).
+    Deallocate {
+        /// The statement name, `None` for ALL.
+        name: Option<String>,
+    },
+}
+
+/// Analyses `sql` (one simple-Query text) with default lexing. Never panics.
+pub fn analyze(sql: &str, fences: &FenceSet) -> Analysis {
+    analyze_with(sql, fences, Lexing::default(), &mut Vec::new()).0
+}
+
+/// Analyses with explicit lexing, lower-casing into `lower` (reused between
+/// calls). Also says whether sqlparser ran, i.e. whether caching pays.
+fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8>) -> (Analysis, bool) {
+    lower.clear();
+    lower.extend(sql.bytes().map(|b| b.to_ascii_lowercase()));
+    let mut ctx = Ctx {
+        sql,
+        lower,
+        fences,
+        lexing,
+        parsed: false,
+    };
+    let statements = split::split_with(sql, lexing)
+        .into_iter()
+        .map(|span| Stmt {
+            kind: ctx.classify(span.clone(), 0),
+            span,
+        })
+        .collect();
+    (Analysis { statements }, ctx.parsed)
+}
+
+/// Analyses Query texts for one fence configuration, caching the results of
+/// texts that needed a full parse (applications repeat their statements).
+#[derive(Debug)]
+pub struct Analyzer {
+    fences: FenceSet,
+    lexing: Lexing,
+    cache: HashMap<Box<str>, Arc<Analysis>>,
+    lower: Vec<u8>,
+}
+
+/// At most this many texts are cached; beyond it an arbitrary one is evicted.
+pub const CACHE_ENTRIES: usize = 1024;
+/// Longer texts are not cached, so the cache stays small (≤ 16 MiB of keys).
+pub const CACHE_MAX_TEXT: usize = 16 * 1024;
+
+impl Analyzer {
+    /// An analyzer for `fences`, assuming `standard_conforming_strings = on`.
+    pub fn new(fences: FenceSet) -> Self {
+        Self {
+            fences,
+            lexing: Lexing::default(),
+            cache: HashMap::new(),
+            lower: Vec::new(),
+        }
+    }
+
+    /// The fences this analyzer looks for.
+    pub fn fences(&self) -> &FenceSet {
+        &self.fences
+    }
+
+    /// Follows the server's `standard_conforming_strings` (from its
+    /// ParameterStatus); the cache is dropped when it changes because the
+    /// same text then lexes differently.
+    pub fn set_standard_conforming_strings(&mut self, on: bool) {
+        if self.lexing.standard_conforming_strings != on {
+            self.lexing.standard_conforming_strings = on;
+            self.cache.clear();
+        }
+    }
+
+    /// Analyses `sql`. Never panics.
+    pub fn analyze(&mut self, sql: &str) -> Arc<Analysis> {
+        if let Some(hit) = self.cache.get(sql) {
+            return Arc::clone(hit);
+        }
+        let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
+        let analysis = Arc::new(analysis);
+        if parsed && sql.len() <= CACHE_MAX_TEXT {
+            if self.cache.len() >= CACHE_ENTRIES
+                && let Some(victim) = self.cache.keys().next().cloned()
+            {
+                self.cache.remove(&victim);
+            }
+            self.cache.insert(sql.into(), Arc::clone(&analysis));
+        }
+        analysis
+    }
+}
+
+/// How deep `EXPLAIN`/`COPY (…)`/`PREPARE` may nest before we stop looking.
+const MAX_DEPTH: usize = 8;
+/// Longer statements skip sqlparser (~90 ns/byte) for the token fallback.
+const MAX_PARSE_BYTES: usize = 64 * 1024;
+
+/// Commands that never change a table's rows or definition.
+const NEVER_WRITE: &[&str] = &[
+    "abort",
+    "analyse",
+    "analyze",
+    "begin",
+    "checkpoint",
+    "close",
+    "cluster",
+    "comment",
+    "commit",
+    "declare",
+    "end",
+    "fetch",
+    "grant",
+    "listen",
+    "load",
+    "lock",
+    "move",
+    "notify",
+    "reassign",
+    "refresh",
+    "reindex",
+    "release",
+    "revoke",
+    "rollback",
+    "savepoint",
+    "security",
+    "show",
+    "start",
+    "unlisten",
+    "vacuum",
+];
+
+/// Query forms that cannot contain a data-modifying statement unless one of
+/// the DML keywords appears (Postgres only allows them in a top-level WITH).
+const READ_QUERY: &[&str] = &["select", "table", "values", "with"];
+
+/// Per-analysis state.
+struct Ctx<'a> {
+    sql: &'a str,
+    lower: &'a [u8],
+    fences: &'a FenceSet,
+    lexing: Lexing,
+    parsed: bool,
+}
+
+impl<'a> Ctx<'a> {
+    fn text(&self, span: &Range<usize>) -> &'a str {
+        self.sql.get(span.clone()).unwrap_or("")
+    }
+
+    /// Classifies the statement at `span` of the whole text.
+    fn classify(&mut self, span: Range<usize>, depth: usize) -> StmtKind {
+        if depth > MAX_DEPTH {
+            return self.unanalysable_if_named(&span);
+        }
+        let text = self.text(&span);
+        let first = split::first_word(text, self.lexing)
+            .filter(|w| w.len() <= 16)
+            .map(str::to_ascii_lowercase);
+        let first = first.as_deref().unwrap_or("");
+        match first {
+            "set" | "reset" | "discard" => declare::parse(text, self.lexing).map_or(StmtKind::Other, StmtKind::Declare),
+            "prepare" => self.prepare(span, depth),
+            "execute" => self.execute(&span),
+            "deallocate" => self.deallocate(&span),
+            "explain" => self.explain(span, depth),
+            "copy" => self.copy(span, depth),
+            "do" | "call" => self.routine_call(&span),
+            _ if NEVER_WRITE.contains(&first) => StmtKind::Other,
+            _ => self.general(span, first),
+        }
+    }
+
+    /// INSERT, UPDATE, DELETE, MERGE, WITH, TRUNCATE, ALTER, DROP, CREATE, …
+    fn general(&mut self, span: Range<usize>, first: &str) -> StmtKind {
+        let text = self.text(&span);
+        if first == "create"
+            && let Some(name) = forms::as_execute(text, self.lexing)
+        {
+            return StmtKind::Execute { name };
+        }
+        // TRUNCATE … CASCADE and DROP/ALTER SCHEMA reach fenced tables they
+        // do not name; these commands are rare, so they skip the pre-filter.
+        let ddl = matches!(first, "truncate" | "drop" | "alter");
+        if !(ddl && !self.fences.is_empty()) && !self.may_name_fence(&span) {
+            return StmtKind::Other;
+        }
+        if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
+            return StmtKind::Other;
+        }
+        if text.len() > MAX_PARSE_BYTES {
+            return self.fallback(&span, first);
+        }
+        self.parsed = true;
+        match ast::parse(text) {
+            Some(stmt) => match ast::classify(&stmt, self.fences) {
+                hits if hits.unknown => self.unanalysable_if_named(&span),
+                hits => hits.into_write(self.fences),
+            },
+            None => self.fallback(&span, first),
+        }
+    }
+
+    /// What sqlparser could not parse: read the target of a plain DML
+    /// statement with the lexer, else fail closed on any fenced name.
+    fn fallback(&self, span: &Range<usize>, first: &str) -> StmtKind {
+        let text = self.text(span);
+        if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
+            return StmtKind::Other;
+        }
+        match forms::dml_targets(text, self.lexing) {
+            Some((names, cascade)) => {
+                let mut hits = Hits {
+                    all: cascade,
+                    ..Hits::default()
+                };
+                for name in &names {
+                    hits.name(name, self.fences);
+                }
+                hits.into_write(self.fences)
+            }
+            None => self.unanalysable_if_named(span),
+        }
+    }
+
+    /// The pre-filter: may the statement name a fenced table?
+    fn may_name_fence(&self, span: &Range<usize>) -> bool {
+        let lower = self.lower.get(span.clone()).unwrap_or(&[]);
+        !self.fences.is_empty() && (self.fences.mentioned_in(lower) || memchr::memmem::find(lower, b"u&").is_some())
+    }
+
+    /// Unanalysable if an identifier in the statement may name a fenced
+    /// table (or cannot be read), else Other.
+    fn unanalysable_if_named(&self, span: &Range<usize>) -> StmtKind {
+        if !self.may_name_fence(span) {
+            return StmtKind::Other;
+        }
+        let text = self.text(span);
+        let mut hits = Hits::default();
+        for tok in Lexer::new(text, self.lexing) {
+            match tok.kind {
+                TokenKind::UnicodeIdent => hits.all = true,
+                TokenKind::Word | TokenKind::QuotedIdent => {
+                    if let Some(v) = ident_value(text, &tok) {
+                        hits.tables.extend(
+                            self.fences
+                                .tables
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, t)| t.0.name == v)
+                                .map(|e| e.0),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        hits.into_unanalysable(self.fences)
+    }
+
+    /// `DO` and `CALL`: their bodies and arguments are strings pgfence cannot
+    /// see into, so any mention of a fenced name, even in a string, counts;
+    /// strings with escapes (which could spell a name) count as every fence.
+    fn routine_call(&self, span: &Range<usize>) -> StmtKind {
+        if self.fences.is_empty() {
+            return StmtKind::Other;
+        }
+        let lower = self.lower.get(span.clone()).unwrap_or(&[]);
+        let mut hits = Hits::default();
+        hits.tables.extend(
+            self.fences
+                .needles
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.find(lower).is_some())
+                .map(|e| e.0),
+        );
+        let text = self.text(span);
+        hits.all = memchr::memmem::find(lower, b"u&").is_some()
+            || Lexer::new(text, self.lexing).any(|t| {
+                let s = text.get(t.span.clone()).unwrap_or("");
+                matches!(t.kind, TokenKind::EscapeString | TokenKind::String)
+                    && s.contains('\\')
+                    && (t.kind == TokenKind::EscapeString || !self.lexing.standard_conforming_strings)
+            });
+        hits.into_unanalysable(self.fences)
+    }
+}
+
+/// Fenced tables found so far, as indices into [`FenceSet::tables`].
+#[derive(Debug, Default)]
+struct Hits {
+    tables: Vec<usize>,
+    /// Every fenced table may be affected (`TRUNCATE … CASCADE`, unreadable names).
+    all: bool,
+    /// Part of the statement was not understood.
+    unknown: bool,
+}
+
+impl Hits {
+    /// Adds the fenced tables a name written in SQL may refer to.
+    fn name(&mut self, name: &TableName, fences: &FenceSet) {
+        let found = fences
+            .tables
+            .iter()
+            .enumerate()
+            .filter(|(_, (t, _))| name.may_refer_to(t));
+        self.tables.extend(found.map(|e| e.0));
+    }
+
+    /// Adds the fenced tables in schema `schema` (DROP / ALTER SCHEMA).
+    fn schema(&mut self, schema: &str, fences: &FenceSet) {
+        let found = fences
+            .tables
+            .iter()
+            .enumerate()
+            .filter(|(_, (t, _))| t.schema.as_deref() == Some(schema));
+        self.tables.extend(found.map(|e| e.0));
+    }
+
+    fn finish(mut self, fences: &FenceSet) -> (Vec<FenceId>, Vec<TableName>) {
+        if self.all {
+            self.tables = (0..fences.tables.len()).collect();
+        }
+        self.tables.sort_unstable();
+        self.tables.dedup();
+        let tables: Vec<TableName> = self.tables.iter().map(|&i| fences.tables[i].0.clone()).collect();
+        let mut ids: Vec<FenceId> = self.tables.iter().map(|&i| fences.tables[i].1).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        (ids, tables)
+    }
+
+    fn into_write(self, fences: &FenceSet) -> StmtKind {
+        let (fences, tables) = self.finish(fences);
+        if tables.is_empty() {
+            StmtKind::Other
+        } else {
+            StmtKind::Write { fences, tables }
+        }
+    }
+
+    fn into_unanalysable(self, fences: &FenceSet) -> StmtKind {
+        let (fences, _) = self.finish(fences);
+        if fences.is_empty() {
+            StmtKind::Other
+        } else {
+            StmtKind::Unanalysable { fences }
+        }
+    }
+}

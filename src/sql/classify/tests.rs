@@ -1,0 +1,435 @@
+use proptest::prelude::*;
+
+use super::*;
+
+/// public.invoices (fence 0), billing.ledger (fence 1), public."Mixed" (fence 2).
+fn fences() -> FenceSet {
+    FenceSet::new(vec![
+        (TableName::parse_config("invoices").unwrap(), FenceId(0)),
+        (TableName::parse_config("billing.ledger").unwrap(), FenceId(1)),
+        (TableName::parse_config("\"Mixed\"").unwrap(), FenceId(2)),
+    ])
+}
+
+/// A compact rendering so that the table below stays readable.
+fn render(k: &StmtKind) -> String {
+    match k {
+        StmtKind::Other => "other".into(),
+        StmtKind::Write { tables, .. } => {
+            format!(
+                "write:{}",
+                tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(",")
+            )
+        }
+        StmtKind::Unanalysable { fences } => {
+            format!(
+                "pf004:{}",
+                fences.iter().map(|f| f.0.to_string()).collect::<Vec<_>>().join(",")
+            )
+        }
+        StmtKind::Declare(_) => "declare".into(),
+        StmtKind::Prepare { name, inner } => format!("prepare {name}:{}", render(inner)),
+        StmtKind::Execute { name } => format!("execute {name}"),
+        StmtKind::Deallocate { name: Some(n) } => format!("deallocate {n}"),
+        StmtKind::Deallocate { name: None } => "deallocate all".into(),
+    }
+}
+
+fn run(sql: &str, f: &FenceSet) -> String {
+    analyze(sql, f)
+        .statements
+        .iter()
+        .map(|s| render(&s.kind))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+const ROWS: &[(&str, &str)] = &[
+    // Reads.
+    ("SELECT * FROM invoices", "other"),
+    ("SELECT * FROM invoices FOR UPDATE", "other"),
+    ("SELECT * FROM invoices FOR NO KEY UPDATE", "other"),
+    ("SELECT * INTO new_t FROM invoices", "other"),
+    ("TABLE invoices", "other"),
+    ("VALUES (1)", "other"),
+    ("(SELECT * FROM invoices)", "other"),
+    ("SELECT 'DELETE FROM invoices'", "other"),
+    ("/* DELETE FROM invoices */ SELECT 1", "other"),
+    ("SELECT $$ ; DELETE FROM invoices; $$", "other"),
+    (
+        "WITH d AS (SELECT * FROM invoices) SELECT * FROM d FOR NO KEY UPDATE",
+        "other",
+    ),
+    // INSERT / upsert.
+    ("INSERT INTO invoices VALUES (1)", "write:invoices"),
+    (
+        "insert into public.invoices (a) values (1) on conflict (a) do update set b = 2",
+        "write:invoices",
+    ),
+    (
+        "INSERT INTO invoices VALUES (1) ON CONFLICT DO NOTHING RETURNING *",
+        "write:invoices",
+    ),
+    ("INSERT INTO other SELECT * FROM invoices", "other"),
+    ("INSERT INTO \"invoices\" VALUES (1)", "write:invoices"),
+    ("INSERT INTO \"Invoices\" VALUES (1)", "other"),
+    ("INSERT INTO INVOICES VALUES (1)", "write:invoices"),
+    ("INSERT INTO billing.invoices VALUES (1)", "other"),
+    ("INSERT INTO mydb.public.invoices VALUES (1)", "write:invoices"),
+    ("INSERT INTO \"Mixed\" VALUES (1)", "write:Mixed"),
+    ("INSERT INTO Mixed VALUES (1)", "other"),
+    ("INSERT INTO \"invoicés\" VALUES (1)", "other"),
+    // UPDATE.
+    ("UPDATE invoices SET a = 1", "write:invoices"),
+    ("UPDATE ONLY invoices SET a = 1", "write:invoices"),
+    (
+        "UPDATE other SET a = 1 FROM invoices WHERE other.id = invoices.id",
+        "other",
+    ),
+    (
+        "UPDATE invoices i SET a = o.a FROM other o WHERE o.id = i.id",
+        "write:invoices",
+    ),
+    ("UPDATE invoices SET a = 1 WHERE CURRENT OF c", "write:invoices"),
+    ("UPDATE other SET a = 1 WHERE CURRENT OF invoices", "other"),
+    // DELETE.
+    ("DELETE FROM invoices WHERE id = 1", "write:invoices"),
+    ("DELETE FROM other USING invoices WHERE other.id = invoices.id", "other"),
+    ("DELETE FROM ledger", "write:ledger"),
+    ("DELETE FROM public.ledger", "other"),
+    ("DELETE FROM invoices WHERE a = 'unterminated", "write:invoices"),
+    // MERGE.
+    (
+        "MERGE INTO invoices t USING src s ON t.id = s.id WHEN MATCHED THEN UPDATE SET a = s.a",
+        "write:invoices",
+    ),
+    (
+        "MERGE INTO other t USING invoices s ON t.id = s.id WHEN MATCHED THEN DELETE",
+        "other",
+    ),
+    // COPY.
+    ("COPY invoices FROM STDIN", "write:invoices"),
+    ("COPY invoices (a, b) FROM STDIN WITH (FORMAT csv)", "write:invoices"),
+    ("COPY billing.ledger FROM '/tmp/x'", "write:ledger"),
+    ("COPY invoices TO STDOUT", "other"),
+    ("COPY (SELECT * FROM invoices) TO STDOUT", "other"),
+    ("COPY (DELETE FROM invoices RETURNING *) TO STDOUT", "write:invoices"),
+    ("COPY (SELECT ')') TO STDOUT", "other"),
+    // TRUNCATE / ALTER / DROP.
+    ("TRUNCATE invoices", "write:invoices"),
+    ("TRUNCATE TABLE other, billing.ledger", "write:ledger"),
+    ("TRUNCATE other", "other"),
+    ("TRUNCATE other CASCADE", "write:invoices,ledger,Mixed"),
+    ("ALTER TABLE invoices ADD COLUMN x int", "write:invoices"),
+    ("ALTER TABLE invoices RENAME TO inv2", "write:invoices"),
+    (
+        "ALTER TABLE IF EXISTS ONLY invoices RENAME COLUMN a TO b",
+        "write:invoices",
+    ),
+    (
+        "ALTER TABLE other ADD FOREIGN KEY (a) REFERENCES invoices (id)",
+        "other",
+    ),
+    ("DROP TABLE invoices", "write:invoices"),
+    ("DROP TABLE IF EXISTS other, invoices CASCADE", "write:invoices"),
+    ("DROP SCHEMA billing CASCADE", "write:ledger"),
+    ("ALTER SCHEMA billing RENAME TO b2", "write:ledger"),
+    ("DROP VIEW invoices_v", "other"),
+    ("DROP INDEX invoices_idx", "other"),
+    // Other DDL.
+    ("CREATE INDEX ON invoices (a)", "other"),
+    ("CREATE VIEW v AS SELECT * FROM invoices", "other"),
+    ("CREATE TABLE t2 AS SELECT * FROM invoices", "other"),
+    ("CREATE TABLE t2 AS EXECUTE p", "execute p"),
+    ("CREATE TABLE t2 (LIKE invoices)", "other"),
+    (
+        "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ DELETE FROM invoices $$",
+        "other",
+    ),
+    (
+        "CREATE TRIGGER t BEFORE INSERT ON invoices FOR EACH ROW EXECUTE FUNCTION f()",
+        "write:invoices",
+    ),
+    (
+        "CREATE RULE r AS ON INSERT TO other DO INSTEAD DELETE FROM invoices",
+        "pf004:0",
+    ),
+    ("GRANT SELECT ON invoices TO bob", "other"),
+    ("COMMENT ON TABLE invoices IS 'x'", "other"),
+    // Data-modifying CTEs.
+    (
+        "WITH d AS (DELETE FROM invoices RETURNING *) SELECT * FROM d",
+        "write:invoices",
+    ),
+    (
+        "WITH d AS (SELECT * FROM invoices) INSERT INTO other SELECT * FROM d",
+        "other",
+    ),
+    (
+        "WITH d AS (SELECT 1) INSERT INTO invoices SELECT * FROM d",
+        "write:invoices",
+    ),
+    (
+        "WITH RECURSIVE r AS (SELECT 1 UNION ALL SELECT 1 FROM r) UPDATE invoices SET a = 1",
+        "write:invoices",
+    ),
+    (
+        "WITH a AS (UPDATE ledger SET x = 1 RETURNING *), b AS (DELETE FROM invoices) TABLE a",
+        "write:invoices,ledger",
+    ),
+    // EXPLAIN.
+    ("EXPLAIN DELETE FROM invoices", "other"),
+    ("EXPLAIN ANALYZE DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (ANALYZE) DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (ANALYZE false, VERBOSE) DELETE FROM invoices", "other"),
+    ("EXPLAIN (ANALYZE off) DELETE FROM invoices", "other"),
+    (
+        "EXPLAIN (ANALYZE true, BUFFERS) UPDATE invoices SET a = 1",
+        "write:invoices",
+    ),
+    (
+        "EXPLAIN (FORMAT json, ANALYZE) UPDATE invoices SET a = 1",
+        "write:invoices",
+    ),
+    ("EXPLAIN ANALYZE SELECT * FROM invoices", "other"),
+    ("EXPLAIN ANALYZE EXECUTE p", "execute p"),
+    (
+        "EXPLAIN ANALYSE VERBOSE INSERT INTO invoices VALUES (1)",
+        "write:invoices",
+    ),
+    ("EXPLAIN (ANALYZE DELETE FROM invoices", "pf004:0"),
+    // SQL-level prepared statements.
+    ("PREPARE p AS DELETE FROM invoices", "prepare p:write:invoices"),
+    (
+        "PREPARE P (int, numeric(10,2)) AS UPDATE invoices SET a = $1",
+        "prepare p:write:invoices",
+    ),
+    ("PREPARE q AS SELECT * FROM invoices", "prepare q:other"),
+    ("PREPARE \"Q\" AS SELECT 1", "prepare Q:other"),
+    ("PREPARE TRANSACTION 'x'", "other"),
+    ("EXECUTE p", "execute p"),
+    ("EXECUTE P(1, 'a')", "execute p"),
+    ("DEALLOCATE p", "deallocate p"),
+    ("DEALLOCATE PREPARE \"P\"", "deallocate P"),
+    ("DEALLOCATE ALL", "deallocate all"),
+    // CALL / DO.
+    ("CALL purge()", "other"),
+    ("CALL purge('invoices')", "pf004:0"),
+    ("DO $$ BEGIN DELETE FROM invoices; END $$", "pf004:0"),
+    ("DO $$ BEGIN PERFORM 1; END $$", "other"),
+    ("DO E'BEGIN DELETE FROM \\x69nvoices; END'", "pf004:0,1,2"),
+    ("DO U&'BEGIN DELETE FROM \\0069nvoices; END'", "pf004:0,1,2"),
+    // Unicode-escaped identifiers cannot be matched by name.
+    ("SELECT * FROM U&\"\\0069nvoices\"", "other"),
+    ("DELETE FROM U&\"\\0069nvoices\"", "pf004:0,1,2"),
+    (
+        "UPDATE x SET a = 1 FROM U&\"\\0069nvoices\" i WHERE x.id = i.id",
+        "other",
+    ),
+    // Declarations and harmless commands.
+    ("SET pgfence.epoch = 5", "declare"),
+    ("SET LOCAL pgfence.fence TO 'x'", "declare"),
+    ("SET pgfence.epoch = 1, 2", "declare"),
+    ("SET search_path = billing", "other"),
+    ("RESET ALL", "declare"),
+    ("DISCARD ALL", "declare"),
+    ("SHOW pgfence.epoch", "other"),
+    ("VACUUM ANALYZE invoices", "other"),
+    ("ANALYZE invoices", "other"),
+    ("REINDEX TABLE invoices", "other"),
+    ("CLUSTER invoices USING idx", "other"),
+    ("LOCK TABLE invoices IN EXCLUSIVE MODE", "other"),
+    ("NOTIFY invoices, 'x'", "other"),
+    // Multi-statement strings and hostile splitting.
+    (
+        "BEGIN; INSERT INTO invoices VALUES (1); SELECT 1; COMMIT",
+        "other | write:invoices | other | other",
+    ),
+    ("SELECT 1; DELETE FROM invoices -- ; x", "other | write:invoices"),
+    ("SELECT 'ü;'; DELETE FROM invoices", "other | write:invoices"),
+    ("SELECT E'\\';DELETE FROM invoices'", "other"),
+    (
+        "SELECT \"a;\"; UPDATE \"invoices\" SET a = 1;;",
+        "other | write:invoices",
+    ),
+    ("SELECT 1 /* /* ; */ DELETE FROM invoices; */", "other"),
+    ("", ""),
+    (" ; -- nothing\n ; ", ""),
+];
+
+#[test]
+fn classification_table() {
+    let f = fences();
+    let mut failures = Vec::new();
+    for (sql, want) in ROWS {
+        let got = run(sql, &f);
+        if got != *want {
+            failures.push(format!("{sql:?}\n   want {want}\n    got {got}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows differ:\n{}",
+        failures.len(),
+        ROWS.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn without_fences_nothing_is_a_write() {
+    let none = FenceSet::new(Vec::new());
+    for (sql, _) in ROWS {
+        for s in analyze(sql, &none).statements {
+            assert!(
+                !matches!(s.kind, StmtKind::Write { .. } | StmtKind::Unanalysable { .. }),
+                "{sql}"
+            );
+        }
+    }
+}
+
+#[test]
+fn spans_cover_the_statements() {
+    let sql = "  SELECT 1 ;\n/* c */ DELETE FROM invoices WHERE a = ';' ; ";
+    let a = analyze(sql, &fences());
+    let texts: Vec<&str> = a.statements.iter().map(|s| &sql[s.span.clone()]).collect();
+    assert_eq!(texts, vec!["SELECT 1", "DELETE FROM invoices WHERE a = ';'"]);
+}
+
+#[test]
+fn standard_conforming_strings_off_changes_the_split() {
+    let sql = r"SELECT 'x\''; DELETE FROM invoices; --'";
+    let mut an = Analyzer::new(fences());
+    assert_eq!(an.analyze(sql).statements.len(), 1);
+    an.set_standard_conforming_strings(false);
+    let kinds: Vec<String> = an.analyze(sql).statements.iter().map(|s| render(&s.kind)).collect();
+    assert_eq!(kinds, vec!["other", "write:invoices"]);
+}
+
+#[test]
+fn analyzer_caches_and_stays_bounded() {
+    let mut an = Analyzer::new(fences());
+    let a = an.analyze("UPDATE invoices SET a = 1");
+    let b = an.analyze("UPDATE invoices SET a = 1");
+    assert!(Arc::ptr_eq(&a, &b));
+    for i in 0..CACHE_ENTRIES + 10 {
+        an.analyze(&format!("UPDATE invoices SET a = {i}"));
+    }
+    assert!(an.cache.len() <= CACHE_ENTRIES);
+    // Fast-path texts are not cached at all.
+    an.cache.clear();
+    an.analyze("SELECT 1");
+    assert!(an.cache.is_empty());
+}
+
+#[test]
+fn deep_nesting_fails_closed_without_overflowing() {
+    let f = fences();
+    let deep = format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000));
+    assert_eq!(run(&format!("SELECT {deep} FROM invoices"), &f), "other");
+    assert_eq!(
+        run(&format!("DELETE FROM invoices WHERE a = {deep}"), &f),
+        "write:invoices"
+    );
+    assert_eq!(run(&format!("DELETE FROM other WHERE a = {deep}"), &f), "other");
+    let cte = format!("WITH d AS (SELECT {deep}) DELETE FROM invoices");
+    assert_eq!(run(&cte, &f), "pf004:0");
+    let explain = format!("{}DELETE FROM invoices", "EXPLAIN ANALYZE ".repeat(10_000));
+    assert_eq!(run(&explain, &f), "pf004:0");
+    let copies = format!(
+        "{}DELETE FROM invoices{}",
+        "COPY (".repeat(10_000),
+        ") TO STDOUT".repeat(10_000)
+    );
+    assert_eq!(run(&copies, &f), "pf004:0");
+}
+
+#[test]
+fn large_and_garbage_inputs_are_handled() {
+    let f = fences();
+    let values = vec!["(1, 'x;y')"; 20_000].join(", ");
+    assert_eq!(
+        run(&format!("INSERT INTO invoices VALUES {values}"), &f),
+        "write:invoices"
+    );
+    assert_eq!(run(&format!("INSERT INTO other VALUES {values}"), &f), "other");
+    // 1 MB of pseudo-random printable garbage with fenced names sprinkled in.
+    let mut x: u32 = 12345;
+    let mut garbage = String::with_capacity(1 << 20);
+    while garbage.len() < 1 << 20 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        match x >> 24 {
+            0..=3 => garbage.push_str(" invoices "),
+            4..=5 => garbage.push('é'),
+            n => garbage.push(char::from(b' ' + (n as u8 % 95))),
+        }
+    }
+    let a = analyze(&garbage, &f);
+    for s in &a.statements {
+        assert!(garbage.is_char_boundary(s.span.start) && garbage.is_char_boundary(s.span.end));
+    }
+    // A 60 KB garbage statement goes through sqlparser.
+    let cut = (0..60_000).rev().find(|&i| garbage.is_char_boundary(i)).unwrap_or(0);
+    let _ = analyze(&garbage[..cut], &f);
+}
+
+fn sqlish() -> impl Strategy<Value = String> {
+    let atoms = prop_oneof![
+        Just("SELECT "),
+        Just("INSERT INTO "),
+        Just("UPDATE "),
+        Just("DELETE FROM "),
+        Just("WITH d AS ("),
+        Just("invoices"),
+        Just("billing.ledger"),
+        Just("\"Mixed\""),
+        Just("U&\"\\0069\""),
+        Just("'"),
+        Just("E'\\'"),
+        Just("$$"),
+        Just("$a$"),
+        Just("\""),
+        Just("("),
+        Just(")"),
+        Just(";"),
+        Just("--"),
+        Just("\n"),
+        Just("/*"),
+        Just("*/"),
+        Just("EXPLAIN ANALYZE "),
+        Just("COPY "),
+        Just(" FROM "),
+        Just(" TO "),
+        Just("PREPARE p AS "),
+        Just("EXECUTE "),
+        Just("SET pgfence.epoch = "),
+        Just("DO "),
+        Just("CALL "),
+        Just("ü"),
+        Just(" , "),
+        Just("1"),
+    ];
+    proptest::collection::vec(atoms, 0..24).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #[test]
+    fn analyze_never_panics_and_spans_are_sound(sql in prop_oneof![any::<String>(), sqlish()]) {
+        let a = analyze(&sql, &fences());
+        let mut last = 0;
+        for s in &a.statements {
+            prop_assert!(last <= s.span.start && s.span.start < s.span.end && s.span.end <= sql.len());
+            prop_assert!(sql.is_char_boundary(s.span.start) && sql.is_char_boundary(s.span.end));
+            last = s.span.end;
+        }
+    }
+
+    #[test]
+    fn analyzer_agrees_with_analyze(sql in sqlish()) {
+        let mut an = Analyzer::new(fences());
+        let first = an.analyze(&sql);
+        prop_assert_eq!(&*first, &analyze(&sql, &fences()));
+        prop_assert_eq!(&*an.analyze(&sql), &*first);
+    }
+}

@@ -1,0 +1,296 @@
+//! Reading epoch and fence declarations: `SET pgfence.epoch = 5` and kin.
+//!
+//! Hand-written on top of [`super::lex`] rather than sqlparser, because
+//! re-serialising a sqlparser AST turns `pgfence.epoch` into `pgfence epoch`
+//! and loses how the value was quoted. This module only recognises the
+//! statement and returns the raw value; whether the value is a valid epoch
+//! (`+5` and `05` are 5, `''` is not) is the caller's decision.
+//!
+//! Grammar followed (Postgres' `VariableSetStmt` / `VariableResetStmt`):
+//!
+//! ```text
+//! SET [SESSION | LOCAL] pgfence.{epoch|fence} {= | TO} {value | DEFAULT}
+//! RESET pgfence.{epoch|fence}     RESET ALL     DISCARD ALL
+//! ```
+
+use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value};
+
+/// Which pgfence setting a declaration is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Setting {
+    /// `pgfence.epoch`: the session's fencing token.
+    Epoch,
+    /// `pgfence.fence`: which fence the epoch is for.
+    Fence,
+}
+
+/// How long a `SET` lasts, as in Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// `SET` / `SET SESSION` / `RESET`: until changed (undone if the
+    /// transaction rolls back).
+    Session,
+    /// `SET LOCAL`: until the end of the current transaction.
+    Local,
+}
+
+/// A statement that changes what the session declared.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Declaration {
+    /// `SET … = value` (`value: Some`) or `SET … TO DEFAULT` / `RESET …`
+    /// (`value: None`, meaning back to the value given at connection time).
+    Set {
+        /// The setting changed.
+        setting: Setting,
+        /// Session or transaction-local.
+        scope: Scope,
+        /// The raw value without quotes (`'5'` → `5`, `+5` → `+5`); `None`
+        /// for DEFAULT / RESET. Not validated here.
+        value: Option<String>,
+    },
+    /// `RESET ALL`: every setting back to its connection-time value.
+    ResetAll,
+    /// `DISCARD ALL`: like `RESET ALL`, and also deallocates every prepared
+    /// statement and closes cursors.
+    DiscardAll,
+    /// A `SET`/`RESET` of a pgfence setting in a form pgfence does not accept
+    /// (`SET pgfence.epoch = 1, 2`, `… FROM CURRENT`, a value needing escape
+    /// processing): the caller should refuse it rather than guess.
+    Malformed {
+        /// The setting the statement names.
+        setting: Setting,
+        /// What was wrong, for the error message.
+        reason: &'static str,
+    },
+}
+
+/// Reads `stmt` (one statement, no trailing `;`) as a declaration. `None`
+/// when it is not a SET/RESET of a pgfence setting, RESET ALL or DISCARD ALL
+/// (e.g. `SET search_path = x`, `DISCARD PLANS`): such statements pass as is.
+pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
+    let toks: Vec<Token> = Lexer::new(stmt, lexing).take(64).collect();
+    let word = |i: usize, kw: &str| toks.get(i).is_some_and(|t| t.is_word(stmt, kw));
+    if word(0, "discard") {
+        return (word(1, "all") && toks.len() == 2).then_some(Declaration::DiscardAll);
+    }
+    if word(0, "reset") {
+        if word(1, "all") && toks.len() == 2 {
+            return Some(Declaration::ResetAll);
+        }
+        let (setting, next) = setting_name(stmt, &toks, 1)?;
+        if next != toks.len() {
+            return Some(Declaration::Malformed {
+                setting,
+                reason: "unexpected text after the setting name",
+            });
+        }
+        return Some(Declaration::Set {
+            setting,
+            scope: Scope::Session,
+            value: None,
+        });
+    }
+    if !word(0, "set") {
+        return None;
+    }
+    let (scope, at) = if word(1, "local") {
+        (Scope::Local, 2)
+    } else if word(1, "session") {
+        (Scope::Session, 2)
+    } else {
+        (Scope::Session, 1)
+    };
+    let (setting, next) = setting_name(stmt, &toks, at)?;
+    let malformed = |reason| Some(Declaration::Malformed { setting, reason });
+    if !(toks.get(next).is_some_and(|t| t.is_punct(b'=')) || word(next, "to")) {
+        return malformed("expected `=` or `TO` after the setting name");
+    }
+    let rest = &toks[(next + 1).min(toks.len())..];
+    if let [t] = rest
+        && t.is_word(stmt, "default")
+    {
+        return Some(Declaration::Set {
+            setting,
+            scope,
+            value: None,
+        });
+    }
+    match value(stmt, rest, lexing) {
+        Ok(value) => Some(Declaration::Set {
+            setting,
+            scope,
+            value: Some(value),
+        }),
+        Err(reason) => malformed(reason),
+    }
+}
+
+/// Reads `pgfence.epoch` / `"pgfence"."fence"` at `toks[at..]`; returns the
+/// setting and the index after the name. `None` if it is another setting.
+fn setting_name(stmt: &str, toks: &[Token], at: usize) -> Option<(Setting, usize)> {
+    let schema = ident_value(stmt, toks.get(at)?)?;
+    if schema != "pgfence" || !toks.get(at + 1)?.is_punct(b'.') {
+        return None;
+    }
+    let setting = match ident_value(stmt, toks.get(at + 2)?)?.as_str() {
+        "epoch" => Setting::Epoch,
+        "fence" => Setting::Fence,
+        _ => return None,
+    };
+    // `pgfence.epoch.x` is a different (valid) setting name.
+    if toks.get(at + 3).is_some_and(|t| t.is_punct(b'.')) {
+        return None;
+    }
+    Some((setting, at + 3))
+}
+
+/// Reads the value tokens: exactly one value, optionally signed if numeric.
+fn value(stmt: &str, toks: &[Token], lexing: Lexing) -> Result<String, &'static str> {
+    let text = |t: &Token| stmt.get(t.span.clone()).unwrap_or("");
+    match toks {
+        [] => Err("missing value"),
+        [sign, num] if (sign.is_punct(b'+') || sign.is_punct(b'-')) && num.kind == TokenKind::Number => {
+            Ok(format!("{}{}", text(sign), text(num)))
+        }
+        [t] => single_value(text(t), t, stmt, lexing),
+        _ => Err("expected a single value"),
+    }
+}
+
+fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Result<String, &'static str> {
+    match t.kind {
+        TokenKind::Number => Ok(raw.to_owned()),
+        TokenKind::Word | TokenKind::QuotedIdent => ident_value(stmt, t).ok_or("unreadable identifier"),
+        TokenKind::String if raw.starts_with('\'') => {
+            if raw.contains('\\') && !lexing.standard_conforming_strings {
+                return Err("backslash escapes in the value are not supported");
+            }
+            unquote(raw)
+        }
+        TokenKind::EscapeString if !raw.contains('\\') => unquote(&raw[1..]),
+        TokenKind::EscapeString => Err("backslash escapes in the value are not supported"),
+        TokenKind::DollarString => {
+            // `$tag$body$tag$`: the tag is everything up to the second `$`.
+            let tag_len = raw[1..].find('$').map(|i| i + 2).ok_or("unterminated dollar quote")?;
+            let closed = raw.len() >= 2 * tag_len && raw.ends_with(&raw[..tag_len]);
+            raw.get(tag_len..raw.len() - tag_len)
+                .filter(|_| closed)
+                .map(str::to_owned)
+                .ok_or("unterminated dollar quote")
+        }
+        _ => Err("unsupported value"),
+    }
+}
+
+/// `'a''b'` → `a'b`; refuses an unterminated string.
+fn unquote(raw: &str) -> Result<String, &'static str> {
+    let inner = raw
+        .strip_prefix('\'')
+        .and_then(|r| r.strip_suffix('\''))
+        .ok_or("unterminated string")?;
+    // A lone trailing quote such as `'abc''` is unterminated.
+    if inner.replace("''", "").contains('\'') {
+        return Err("unterminated string");
+    }
+    Ok(inner.replace("''", "'"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Declaration::*;
+    use Scope::*;
+    use Setting::*;
+
+    fn set(setting: Setting, scope: Scope, value: Option<&str>) -> Option<Declaration> {
+        Some(Set {
+            setting,
+            scope,
+            value: value.map(str::to_owned),
+        })
+    }
+
+    #[test]
+    fn declarations_are_recognised() {
+        let cases: Vec<(&str, Option<Declaration>)> = vec![
+            ("SET pgfence.epoch = 5", set(Epoch, Session, Some("5"))),
+            ("set PGFENCE.EPOCH to 5", set(Epoch, Session, Some("5"))),
+            ("SET SESSION pgfence.epoch TO 7", set(Epoch, Session, Some("7"))),
+            ("SET LOCAL pgfence.epoch = 9", set(Epoch, Local, Some("9"))),
+            ("SET pgfence.epoch = +5", set(Epoch, Session, Some("+5"))),
+            ("SET pgfence.epoch = - 3", set(Epoch, Session, Some("-3"))),
+            ("SET pgfence.epoch = 05", set(Epoch, Session, Some("05"))),
+            ("SET pgfence.epoch = '5'", set(Epoch, Session, Some("5"))),
+            ("SET pgfence.epoch = ''", set(Epoch, Session, Some(""))),
+            ("SET pgfence.epoch = 'a''b'", set(Epoch, Session, Some("a'b"))),
+            ("SET pgfence.epoch = E'6'", set(Epoch, Session, Some("6"))),
+            ("SET pgfence.epoch = $$8$$", set(Epoch, Session, Some("8"))),
+            ("SET pgfence.epoch = $x$8$x$", set(Epoch, Session, Some("8"))),
+            ("SET pgfence.epoch = Abc", set(Epoch, Session, Some("abc"))),
+            ("SET pgfence.epoch = \"5\"", set(Epoch, Session, Some("5"))),
+            ("SET pgfence.epoch = 1.5", set(Epoch, Session, Some("1.5"))),
+            ("SET \"pgfence\".\"epoch\" = 3", set(Epoch, Session, Some("3"))),
+            ("SET /* c */ pgfence . epoch = 3", set(Epoch, Session, Some("3"))),
+            ("SET pgfence.epoch TO DEFAULT", set(Epoch, Session, None)),
+            ("SET LOCAL pgfence.epoch = default", set(Epoch, Local, None)),
+            ("SET pgfence.epoch = 'default'", set(Epoch, Session, Some("default"))),
+            ("RESET pgfence.epoch", set(Epoch, Session, None)),
+            (
+                "SET pgfence.fence = 'invoice-sweeper'",
+                set(Fence, Session, Some("invoice-sweeper")),
+            ),
+            ("SET LOCAL pgfence.fence TO sweeper", set(Fence, Local, Some("sweeper"))),
+            ("RESET pgfence.fence", set(Fence, Session, None)),
+            ("RESET ALL", Some(ResetAll)),
+            ("discard all", Some(DiscardAll)),
+            ("DISCARD PLANS", None),
+            ("RESET search_path", None),
+            ("SET search_path = public", None),
+            ("SET pgfence.epoch.x = 1", None),
+            ("SET pgfence.epochs = 1", None),
+            ("SET \"PGFENCE\".epoch = 1", None),
+            ("SET SESSION AUTHORIZATION bob", None),
+            ("SET TIME ZONE 'UTC'", None),
+            ("SHOW pgfence.epoch", None),
+            ("SELECT set_config('pgfence.epoch', '5', false)", None),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(parse(sql, Lexing::default()), want, "{sql}");
+        }
+    }
+
+    #[test]
+    fn odd_forms_are_malformed() {
+        for sql in [
+            "SET pgfence.epoch = 1, 2",
+            "SET pgfence.epoch",
+            "SET pgfence.epoch =",
+            "SET pgfence.epoch FROM CURRENT",
+            "SET pgfence.epoch = E'\\x35'",
+            "SET pgfence.epoch = U&'5'",
+            "SET pgfence.epoch = 'open",
+            "SET pgfence.epoch = $$open",
+            "SET pgfence.epoch = $1",
+            "SET pgfence.epoch = DEFAULT 1",
+            "RESET pgfence.epoch extra",
+            "SET LOCAL pgfence.fence = 1 2",
+        ] {
+            assert!(matches!(parse(sql, Lexing::default()), Some(Malformed { .. })), "{sql}");
+        }
+    }
+
+    #[test]
+    fn backslash_values_are_refused_without_standard_strings() {
+        let off = Lexing {
+            standard_conforming_strings: false,
+        };
+        assert!(matches!(
+            parse(r"SET pgfence.epoch = '\65'", off),
+            Some(Malformed { .. })
+        ));
+        assert_eq!(
+            parse(r"SET pgfence.epoch = '\65'", Lexing::default()),
+            set(Epoch, Session, Some(r"\65"))
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! SQL analysis: which statements of a Query are fenced writes, and which
+//! declare an epoch. Pure code: no I/O, no tokio, never panics on any input.
+//!
+//! - [`lex`]: a Postgres-compatible lexer (strings, comments, dollar quotes).
+//! - [`split`]: a Query string into top-level statements with byte spans.
+//! - [`declare`]: `SET pgfence.epoch = …` and the other declarations.
+//! - [`classify`]: per statement, whether it may change a fenced table
+//!   (fail closed), with a bounded cache in [`Analyzer`].
+//! - [`name`]: normalised table names.
+
+pub mod classify;
+pub mod declare;
+pub mod lex;
+pub mod name;
+pub mod split;
+
+pub use classify::{Analysis, Analyzer, FenceId, FenceSet, Stmt, StmtKind, analyze};
+pub use declare::{Declaration, Scope, Setting};
+pub use lex::Lexing;
+pub use name::TableName;

@@ -1,0 +1,200 @@
+//! Splitting a simple-Query string into its top-level statements.
+//!
+//! Postgres parses a whole Query message before it runs any of it, so the
+//! spans here only have to agree with its grammar on texts it accepts: a `;`
+//! ends a statement unless it is inside a string, a quoted identifier, a
+//! comment, parentheses (`CREATE RULE … DO (a; b)`) or the `BEGIN ATOMIC … END`
+//! body of a `CREATE FUNCTION` / `CREATE PROCEDURE`. The body rule is the one
+//! psql uses: in a statement that starts `CREATE [OR REPLACE] FUNCTION|PROCEDURE`,
+//! `BEGIN` and `CASE` open a block and `END` closes one. A text where this
+//! heuristic merges statements the server would split is classified as one
+//! statement and fails closed (see the classifier).
+
+use std::ops::Range;
+
+use super::lex::{Lexer, Lexing, TokenKind};
+
+/// Splits `sql` into statement spans, in order, with the default lexing.
+///
+/// Each span runs from the first to the last token of a statement: leading
+/// and trailing whitespace and comments and the terminating `;` are outside
+/// it. Pieces with no tokens are dropped.
+pub fn split(sql: &str) -> Vec<Range<usize>> {
+    split_with(sql, Lexing::default())
+}
+
+/// [`split`] with explicit lexing rules (see [`Lexing`]).
+pub fn split_with(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut cur = Piece::default();
+    for tok in Lexer::new(sql, lexing) {
+        if tok.kind == TokenKind::Punct(b';') && cur.parens == 0 && cur.blocks == 0 {
+            if let Some(span) = cur.span.take() {
+                out.push(span);
+            }
+            cur = Piece::default();
+            continue;
+        }
+        match &mut cur.span {
+            Some(span) => span.end = tok.span.end,
+            None => cur.span = Some(tok.span.clone()),
+        }
+        match tok.kind {
+            TokenKind::Punct(b'(') => cur.parens += 1,
+            TokenKind::Punct(b')') => cur.parens = cur.parens.saturating_sub(1),
+            TokenKind::Word => cur.word(sql.get(tok.span).unwrap_or("")),
+            _ => {}
+        }
+    }
+    if let Some(span) = cur.span {
+        out.push(span);
+    }
+    out
+}
+
+/// The statement being accumulated.
+#[derive(Default)]
+struct Piece {
+    span: Option<Range<usize>>,
+    parens: usize,
+    /// Open `BEGIN`/`CASE` blocks of a routine body.
+    blocks: usize,
+    words: usize,
+    starts_with_create: bool,
+    routine: bool,
+}
+
+impl Piece {
+    fn word(&mut self, w: &str) {
+        self.words += 1;
+        let is = |kw: &str| w.eq_ignore_ascii_case(kw);
+        if self.words == 1 {
+            self.starts_with_create = is("create");
+        } else if self.starts_with_create && !self.routine && self.words <= 4 {
+            self.routine = is("function") || is("procedure");
+        } else if self.routine {
+            if is("begin") || is("case") {
+                self.blocks += 1;
+            } else if is("end") {
+                self.blocks = self.blocks.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// The first keyword of a statement, lower-cased (`None` if the statement
+/// does not start with a word, e.g. `(SELECT 1)`).
+pub fn first_keyword(stmt: &str) -> Option<String> {
+    first_word(stmt, Lexing::default()).map(str::to_ascii_lowercase)
+}
+
+/// The first word of `stmt` as written, without allocating.
+pub(crate) fn first_word(stmt: &str, lexing: Lexing) -> Option<&str> {
+    let tok = Lexer::new(stmt, lexing).next()?;
+    if tok.kind == TokenKind::Word {
+        stmt.get(tok.span)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pieces(sql: &str) -> Vec<&str> {
+        split(sql).into_iter().map(|r| &sql[r]).collect()
+    }
+
+    #[test]
+    fn splits_on_top_level_semicolons_only() {
+        let cases: &[(&str, &[&str])] = &[
+            ("", &[]),
+            (" ; ;; -- x\n ; /* ; */", &[]),
+            ("SELECT 1; SELECT 2;", &["SELECT 1", "SELECT 2"]),
+            ("SELECT ';'; SELECT 'it''s;'", &["SELECT ';'", "SELECT 'it''s;'"]),
+            ("SELECT E'\\';'; x", &["SELECT E'\\';'", "x"]),
+            (
+                "SELECT $$;$$; SELECT $a$ $$; $a$",
+                &["SELECT $$;$$", "SELECT $a$ $$; $a$"],
+            ),
+            ("SELECT \";\"; x", &["SELECT \";\"", "x"]),
+            ("SELECT 1 -- ;\n; x", &["SELECT 1", "x"]),
+            ("SELECT /* /* ; */ ; */ 1; x", &["SELECT /* /* ; */ ; */ 1", "x"]),
+            ("/* lead */ SELECT 1 /* trail */", &["SELECT 1"]),
+            (
+                "CREATE RULE r AS ON INSERT TO t DO (DELETE FROM a; DELETE FROM b); x",
+                &["CREATE RULE r AS ON INSERT TO t DO (DELETE FROM a; DELETE FROM b)", "x"],
+            ),
+            ("SELECT 'open; x", &["SELECT 'open; x"]),
+            ("SELECT 1; /* open ; x", &["SELECT 1"]),
+            ("SELECT 'ü;'; é", &["SELECT 'ü;'", "é"]),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(&pieces(sql), want, "{sql:?}");
+        }
+    }
+
+    #[test]
+    fn begin_atomic_bodies_stay_whole() {
+        let f = "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql \
+                 BEGIN ATOMIC SELECT CASE WHEN true THEN 1 END; SELECT 2; END";
+        assert_eq!(pieces(&format!("{f}; BEGIN; COMMIT")), vec![f, "BEGIN", "COMMIT"]);
+        let p = "CREATE PROCEDURE p() BEGIN ATOMIC INSERT INTO t VALUES (1); END";
+        assert_eq!(pieces(&format!("{p};SELECT 1")), vec![p, "SELECT 1"]);
+        // BEGIN as a transaction command is not a block.
+        assert_eq!(pieces("BEGIN; SELECT 1; END;"), vec!["BEGIN", "SELECT 1", "END"]);
+    }
+
+    #[test]
+    fn first_keyword_is_lowercased() {
+        assert_eq!(first_keyword("  /* c */ UpDaTe t").as_deref(), Some("update"));
+        assert_eq!(first_keyword("(SELECT 1)"), None);
+        assert_eq!(first_keyword("-- only"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn spans_are_ordered_in_bounds_and_nonempty(sql in any::<String>()) {
+            let spans = split(&sql);
+            let mut last = 0;
+            for s in &spans {
+                prop_assert!(s.start >= last && s.start < s.end && s.end <= sql.len());
+                prop_assert!(sql.is_char_boundary(s.start) && sql.is_char_boundary(s.end));
+                last = s.end;
+            }
+        }
+
+        #[test]
+        fn joining_statements_splits_back(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just("SELECT 1".to_owned()),
+                    Just("SELECT ';'".to_owned()),
+                    Just("SELECT $t$ ; $t$".to_owned()),
+                    Just("SELECT \"a;b\" /* ; */ FROM t".to_owned()),
+                    Just("INSERT INTO t VALUES ('x'';', E'\\';')".to_owned()),
+                    Just("CREATE FUNCTION f() BEGIN ATOMIC SELECT 1; END".to_owned()),
+                    "[a-z]{1,8}( [a-z0-9]{1,8}){0,4}",
+                ],
+                0..8,
+            ),
+            sep in prop_oneof![Just(";"), Just(" ; "), Just(";\n-- c\n"), Just("; /* ; */ ")],
+        ) {
+            let sql = parts.join(sep);
+            prop_assert_eq!(pieces(&sql), parts.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn each_piece_splits_to_itself(sql in "[a-z' ;$\"/*\\-\n()E]{0,40}") {
+            for span in split(&sql) {
+                let piece = &sql[span];
+                // A piece never contains a top-level `;` except an unterminated tail.
+                let again = split(piece);
+                prop_assert!(!again.is_empty());
+                prop_assert_eq!(again[0].start, 0);
+            }
+        }
+    }
+}

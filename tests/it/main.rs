@@ -1,0 +1,5 @@
+//! The one integration-test binary: every module shares one throwaway Postgres
+//! (`common::pg::Cluster::shared`) instead of starting a server per file.
+
+mod common;
+mod harness;
