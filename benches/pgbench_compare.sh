@@ -122,7 +122,8 @@ cleanup() {
   local rc=$? pid
   set +e
   [ -z "$IDLE_PID" ] || kill "$IDLE_PID" 2>/dev/null
-  [ -z "$PGFENCE_PID" ] || kill -INT "$PGFENCE_PID" 2>/dev/null
+  # SIGTERM (drain) rather than SIGINT: background jobs of a script start with SIGINT ignored.
+  [ -z "$PGFENCE_PID" ] || kill -TERM "$PGFENCE_PID" 2>/dev/null
   [ -z "$BOUNCER_PID" ] || kill -TERM "$BOUNCER_PID" 2>/dev/null
   # Immediate shutdown: nothing here needs to survive.
   [ -z "$PG_PID" ] || kill -QUIT "$PG_PID" 2>/dev/null
@@ -235,7 +236,7 @@ run_pgbench() {
   tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | head -n 1)
   tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
   [ -n "$tps" ] && [ -n "$tx" ] || { echo "$out" >&2; die "could not read pgbench output ($target)"; }
-  echo "$tps $tx ${pid:+$((after - before))}${pid:--}"
+  if [ -n "$pid" ]; then echo "$tps $tx $((after - before))"; else echo "$tps $tx -"; fi
 }
 
 # rotated ROUND INDEX: the targets starting at a different one each time, so no target always
@@ -304,12 +305,19 @@ client_backends() {
   "$PSQL" -X -qAt -p "$PGPORT" -d postgres \
     -c "SELECT count(*) FROM pg_stat_activity WHERE datname = '$DB' AND backend_type = 'client backend'"
 }
+# PgBouncer keeps server connections pooled after its clients leave, and hands them to the next
+# clients: drop them, so that one idle client is one new backend and the server has free slots.
+drop_pool() {
+  [ "$1" != pgbouncer ] || "$PSQL" -X -q -p "$BPORT" -d pgbouncer -c "KILL $DB" -c "RESUME $DB" >/dev/null
+  for _ in $(seq 300); do [ "$(client_backends)" -gt 0 ] || break; sleep 0.1; done
+}
 if [ "$IDLE_SESSIONS" -gt 0 ]; then
   # Each client runs one query and then sleeps: a session that has been used, now idle.
   printf 'SELECT 1;\n\\sleep 600 s\n' >"$WORK/idle.sql"
   for target in "${TARGETS[@]}"; do
     [ "$target" != direct ] || continue
     pid=$(pid_of "$target")
+    drop_pool "$target"
     base=$(client_backends)
     before=$(rss_kib "$pid")
     opts=
@@ -331,12 +339,7 @@ if [ "$IDLE_SESSIONS" -gt 0 ]; then
     IDLE_PID=
     printf '%s\t%s\t%s\t%s\n' "$target" "$IDLE_SESSIONS" "$before" "$after" >>"$IDLE"
     log "idle $target: RSS $before -> $after KiB"
-    # PgBouncer keeps server connections pooled after its clients leave; drop them so the next
-    # target has the server's connection slots.
-    if [ "$target" = pgbouncer ]; then
-      "$PSQL" -X -q -p "$BPORT" -d pgbouncer -c "KILL $DB" -c "RESUME $DB" >/dev/null
-    fi
-    for _ in $(seq 300); do [ "$(client_backends)" -gt "$base" ] || break; sleep 0.1; done
+    drop_pool "$target"
   done
 fi
 
@@ -345,8 +348,8 @@ fi
 mkdir -p "$OUT_DIR"
 cp "$RESULTS" "$LATENCY" "$IDLE" "$OUT_DIR/"
 {
-  echo "pgbench_compare: $(date -u +%FT%TZ), $(nproc) CPUs, $("$PG_BIN/postgres" --version)" \
-    "${BOUNCER_PID:+, $("$BOUNCER" --version | head -n 1)}${PGFENCE_PID:+, pgfence $FENCING}"
+  versions="$("$PG_BIN/postgres" --version)${BOUNCER_PID:+, $("$BOUNCER" --version | head -n 1)}"
+  echo "pgbench_compare: $(date -u +%FT%TZ), $(nproc) CPUs, $versions${PGFENCE_PID:+, pgfence $FENCING}"
   echo "scale $SCALE, c=$CLIENTS j=$THREADS, ${DURATION}s runs, $ROUNDS interleaved round(s)"
   python3 - "$RESULTS" "$LATENCY" "$IDLE" "$CLK_TCK" "${TARGETS[@]}" <<'PY'
 import sys

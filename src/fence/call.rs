@@ -101,7 +101,11 @@ fn push_literal(out: &mut String, value: &str) {
             c => {
                 let code = u32::from(c);
                 // Writing to a String cannot fail.
-                let _ = if code <= 0xFFFF { write!(out, "\\u{code:04X}") } else { write!(out, "\\U{code:08X}") };
+                let _ = if code <= 0xFFFF {
+                    write!(out, "\\u{code:04X}")
+                } else {
+                    write!(out, "\\U{code:08X}")
+                };
             }
         }
     }
@@ -137,7 +141,10 @@ mod tests {
             guard_call("invoice-sweeper", e, Some("public.leader_lease"), true),
             "SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)"
         );
-        assert_eq!(guard_call("o'neil", Epoch::MAX, None, false), "SELECT pgfence.guard('o''neil', 9223372036854775807, NULL, false)");
+        assert_eq!(
+            guard_call("o'neil", Epoch::MAX, None, false),
+            "SELECT pgfence.guard('o''neil', 9223372036854775807, NULL, false)"
+        );
     }
 
     #[test]

@@ -41,7 +41,11 @@ impl Epoch {
 
     /// An epoch from a number; `None` outside `1 ..= 9223372036854775807`.
     pub const fn new(value: u64) -> Option<Epoch> {
-        if value >= 1 && value <= MAX_EPOCH { Some(Epoch(value)) } else { None }
+        if value >= 1 && value <= MAX_EPOCH {
+            Some(Epoch(value))
+        } else {
+            None
+        }
     }
 
     /// Reads a declared value as Postgres reads a `bigint` (`int8in`, PostgreSQL 15):
@@ -69,7 +73,11 @@ impl Epoch {
         if significant.len() > 19 {
             return Err(out_of_range());
         }
-        let value = if significant.is_empty() { 0 } else { significant.parse::<u64>().map_err(|_| out_of_range())? };
+        let value = if significant.is_empty() {
+            0
+        } else {
+            significant.parse::<u64>().map_err(|_| out_of_range())?
+        };
         Epoch::new(value).ok_or_else(out_of_range)
     }
 
@@ -163,7 +171,7 @@ mod tests {
             ("-", "not an integer"),
             ("+-1", "not an integer"),
             ("1 2", "not an integer"),
-            ("１", "not an integer"), // full-width digit
+            ("１", "not an integer"),      // full-width digit
             ("\u{a0}1", "not an integer"), // no-break space is not Postgres whitespace
         ];
         for &(input, expected) in cases {

@@ -6,12 +6,12 @@
 //! (`src/fence/sql/NNNN_*.sql`) are applied in order and recorded in
 //! `pgfence.schema_version`; running `install` again is a no-op.
 
-use std::fmt;
-
 use tokio_postgres::{Client, Transaction};
 
 use crate::config::{Fence, Lease};
 use crate::sql::name::TableName;
+
+pub use super::report::{FenceReport, FenceStatus, InstallReport, LeaseStatus};
 
 pub use super::call::{
     GUARD_PARAM_TYPES, GUARD_SQL, REJECT_PARAM_TYPES, REJECT_SQL, guard_call, guard_params, quote_literal, reject_call,
@@ -28,7 +28,11 @@ struct Migration {
 }
 
 /// Every migration, in order; the last one's version is [`SCHEMA_VERSION`].
-const MIGRATIONS: &[Migration] = &[Migration { version: 1, name: "0001_init", sql: include_str!("sql/0001_init.sql") }];
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_init",
+    sql: include_str!("sql/0001_init.sql"),
+}];
 
 /// Serialises installers. The two-int key space (`'pgfe'`, 1) cannot collide with the
 /// fences' bigint keys (`pgfence.lock_key`).
@@ -38,80 +42,6 @@ const INSTALL_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lock(1885824613, 
 const BOOTSTRAP: &str = "CREATE SCHEMA IF NOT EXISTS pgfence; \
     CREATE TABLE IF NOT EXISTS pgfence.schema_version (version integer PRIMARY KEY, name text NOT NULL, \
     applied_at timestamptz NOT NULL DEFAULT now())";
-
-/// What [`install`] did, for the CLI to print (its `Display` is the human summary).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstallReport {
-    /// `current_database()`.
-    pub database: String,
-    /// Schema version found (0: not installed).
-    pub version_before: i32,
-    /// Schema version now.
-    pub version_after: i32,
-    /// One entry per configured fence, in configuration order.
-    pub fences: Vec<FenceReport>,
-}
-
-/// What [`install`] did for one fence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FenceReport {
-    /// The fence's name.
-    pub fence: String,
-    /// The outcome.
-    pub status: FenceStatus,
-}
-
-/// Outcome for one fence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FenceStatus {
-    /// The fence is restricted to another database: nothing done here.
-    OtherDatabase {
-        /// The fence's `database`.
-        database: String,
-    },
-    /// The fence's row is in `pgfence.fence`.
-    Registered {
-        /// The row was created now (false: it was already there).
-        created: bool,
-        /// Its high-water mark after the install.
-        hwm: i64,
-        /// Fenced tables that do not exist in this database (yet): informational.
-        missing_tables: Vec<TableName>,
-        /// What happened to the lease coupling.
-        lease: LeaseStatus,
-    },
-}
-
-/// Outcome for a fence's lease coupling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseStatus {
-    /// The fence has no `[fence.lease]`.
-    NotConfigured,
-    /// The lease table does not exist in this database: no trigger here (not an error;
-    /// writes to this fence in this database fail with PF005 until it does).
-    TableNotHere {
-        /// The configured lease table.
-        table: TableName,
-    },
-    /// The fence is registered with its lease table and the trigger is in place.
-    Installed {
-        /// The lease table.
-        table: TableName,
-        /// The lease row's `name`.
-        row: String,
-        /// The registration (table/row) was written now.
-        registration_changed: bool,
-        /// The lease triggers were (re)created now (false: already in place).
-        trigger_created: bool,
-        /// The epoch the lease row grants, as recorded in `pgfence.fence.lease_epoch`.
-        lease_epoch: i64,
-        /// `lease_epoch` was brought up to date now.
-        lease_epoch_changed: bool,
-        /// The lease row's epoch was below the fence's high-water mark and was lifted
-        /// from this value (so that no new leader is born stale).
-        lifted_from: Option<i64>,
-    },
-}
 
 /// Why [`install`] failed; the transaction was rolled back, nothing changed.
 #[derive(Debug, thiserror::Error)]
@@ -180,16 +110,30 @@ pub async fn install(client: &mut Client, fences: &[Fence]) -> Result<InstallRep
     let tx = client.transaction().await?;
     tx.batch_execute(INSTALL_LOCK).await?;
     tx.batch_execute(BOOTSTRAP).await?;
-    let database: String = tx.query_one("SELECT pg_catalog.current_database()::text", &[]).await?.try_get(0)?;
-    let version_before: i32 =
-        tx.query_one("SELECT coalesce(max(version), 0) FROM pgfence.schema_version", &[]).await?.try_get(0)?;
+    let database: String = tx
+        .query_one("SELECT pg_catalog.current_database()::text", &[])
+        .await?
+        .try_get(0)?;
+    let version_before: i32 = tx
+        .query_one("SELECT coalesce(max(version), 0) FROM pgfence.schema_version", &[])
+        .await?
+        .try_get(0)?;
     if version_before > SCHEMA_VERSION {
-        return Err(InstallError::NewerSchema { database, found: version_before, known: SCHEMA_VERSION });
+        return Err(InstallError::NewerSchema {
+            database,
+            found: version_before,
+            known: SCHEMA_VERSION,
+        });
     }
     for m in MIGRATIONS.iter().filter(|m| m.version > version_before) {
-        tx.batch_execute(m.sql).await.map_err(|source| InstallError::Migration { name: m.name, source })?;
-        tx.execute("INSERT INTO pgfence.schema_version (version, name) VALUES ($1, $2)", &[&m.version, &m.name])
-            .await?;
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|source| InstallError::Migration { name: m.name, source })?;
+        tx.execute(
+            "INSERT INTO pgfence.schema_version (version, name) VALUES ($1, $2)",
+            &[&m.version, &m.name],
+        )
+        .await?;
     }
     let mut reports = Vec::with_capacity(fences.len());
     for fence in fences {
@@ -197,15 +141,26 @@ pub async fn install(client: &mut Client, fences: &[Fence]) -> Result<InstallRep
             Some(db) if *db != database => FenceStatus::OtherDatabase { database: db.clone() },
             _ => register_fence(&tx, fence).await?,
         };
-        reports.push(FenceReport { fence: fence.name.clone(), status });
+        reports.push(FenceReport {
+            fence: fence.name.clone(),
+            status,
+        });
     }
     tx.commit().await?;
-    Ok(InstallReport { database, version_before, version_after: SCHEMA_VERSION.max(version_before), fences: reports })
+    Ok(InstallReport {
+        database,
+        version_before,
+        version_after: SCHEMA_VERSION.max(version_before),
+        fences: reports,
+    })
 }
 
 async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStatus, InstallError> {
     let created = tx
-        .execute("INSERT INTO pgfence.fence (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", &[&fence.name])
+        .execute(
+            "INSERT INTO pgfence.fence (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
+            &[&fence.name],
+        )
         .await?
         == 1;
     let mut missing_tables = Vec::new();
@@ -218,18 +173,29 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
         None => LeaseStatus::NotConfigured,
         Some(lease) => register_lease(tx, fence, lease).await?,
     };
-    let hwm: i64 = tx.query_one("SELECT hwm FROM pgfence.fence WHERE name = $1", &[&fence.name]).await?.try_get(0)?;
-    Ok(FenceStatus::Registered { created, hwm, missing_tables, lease })
+    let hwm: i64 = tx
+        .query_one("SELECT hwm FROM pgfence.fence WHERE name = $1", &[&fence.name])
+        .await?
+        .try_get(0)?;
+    Ok(FenceStatus::Registered {
+        created,
+        hwm,
+        missing_tables,
+        lease,
+    })
 }
 
 async fn register_lease(tx: &Transaction<'_>, fence: &Fence, lease: &Lease) -> Result<LeaseStatus, InstallError> {
     let Some(oid) = relation_oid(tx, &lease.table).await? else {
-        return Ok(LeaseStatus::TableNotHere { table: lease.table.clone() });
+        return Ok(LeaseStatus::TableNotHere {
+            table: lease.table.clone(),
+        });
     };
     let quoted = quote_table(&lease.table);
     // Holds off lease changes (takeovers) until we commit: the epoch read below stays
     // current, and the trigger is in place before the next takeover.
-    tx.batch_execute(&format!("LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE")).await?;
+    tx.batch_execute(&format!("LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE"))
+        .await?;
     let key = check_lease_table(tx, fence, lease, oid).await?;
     let registration_changed = tx
         .execute(
@@ -241,8 +207,10 @@ async fn register_lease(tx: &Transaction<'_>, fence: &Fence, lease: &Lease) -> R
         == 1;
     let trigger_created = ensure_triggers(tx, oid, &quoted).await?;
     let (lease_epoch_changed, lifted_from) = sync_lease_epoch(tx, fence, lease, &quoted).await?;
-    let lease_epoch: i64 =
-        tx.query_one("SELECT lease_epoch FROM pgfence.fence WHERE name = $1", &[&fence.name]).await?.try_get(0)?;
+    let lease_epoch: i64 = tx
+        .query_one("SELECT lease_epoch FROM pgfence.fence WHERE name = $1", &[&fence.name])
+        .await?
+        .try_get(0)?;
     Ok(LeaseStatus::Installed {
         table: lease.table.clone(),
         row: lease.row.clone(),
@@ -256,7 +224,9 @@ async fn register_lease(tx: &Transaction<'_>, fence: &Fence, lease: &Lease) -> R
 
 /// The relation's OID, `None` when it does not exist in this database.
 async fn relation_oid(tx: &Transaction<'_>, table: &TableName) -> Result<Option<u32>, InstallError> {
-    let row = tx.query_one("SELECT pg_catalog.to_regclass($1)::oid", &[&quote_table(table)]).await?;
+    let row = tx
+        .query_one("SELECT pg_catalog.to_regclass($1)::oid", &[&quote_table(table)])
+        .await?;
     Ok(row.try_get(0)?)
 }
 
@@ -290,17 +260,31 @@ async fn check_lease_table(
     let name_type: Option<String> = row.try_get(2)?;
     let epoch_type: Option<String> = row.try_get(3)?;
     if relkind != "r" {
-        return Err(problem("is not a plain table (the lease trigger needs one; partitioned tables are not supported)".into()));
+        return Err(problem(
+            "is not a plain table (the lease trigger needs one; partitioned tables are not supported)".into(),
+        ));
     }
     match name_type.as_deref() {
         Some("text" | "character varying") => {}
         Some(other) => return Err(problem(format!("has column \"name\" of type {other}; expected text"))),
-        None => return Err(problem("has no column \"name\" (expected the seed's lease shape)".into())),
+        None => {
+            return Err(problem(
+                "has no column \"name\" (expected the seed's lease shape)".into(),
+            ));
+        }
     }
     match epoch_type.as_deref() {
         Some("bigint" | "integer") => {}
-        Some(other) => return Err(problem(format!("has column \"epoch\" of type {other}; expected bigint"))),
-        None => return Err(problem("has no column \"epoch\" (expected the seed's lease shape)".into())),
+        Some(other) => {
+            return Err(problem(format!(
+                "has column \"epoch\" of type {other}; expected bigint"
+            )));
+        }
+        None => {
+            return Err(problem(
+                "has no column \"epoch\" (expected the seed's lease shape)".into(),
+            ));
+        }
     }
     Ok(key)
 }
@@ -345,17 +329,28 @@ async fn sync_lease_epoch(
     quoted: &str,
 ) -> Result<(bool, Option<i64>), InstallError> {
     let granted: Option<i64> = tx
-        .query_opt(&format!("SELECT coalesce(epoch, 0)::bigint FROM {quoted} WHERE name = $1"), &[&lease.row])
+        .query_opt(
+            &format!("SELECT coalesce(epoch, 0)::bigint FROM {quoted} WHERE name = $1"),
+            &[&lease.row],
+        )
         .await?
         .map(|row| row.try_get(0))
         .transpose()?;
-    let row = tx.query_one("SELECT hwm, lease_epoch FROM pgfence.fence WHERE name = $1", &[&fence.name]).await?;
+    let row = tx
+        .query_one(
+            "SELECT hwm, lease_epoch FROM pgfence.fence WHERE name = $1",
+            &[&fence.name],
+        )
+        .await?;
     let (hwm, recorded): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
     let current = hwm.max(recorded);
     if let Some(epoch) = granted.filter(|&e| e < current) {
         // The trigger records the lifted epoch (no advisory lock: it is not above the HWM).
-        tx.execute(&format!("UPDATE {quoted} SET epoch = $2::bigint WHERE name = $1"), &[&lease.row, &current])
-            .await?;
+        tx.execute(
+            &format!("UPDATE {quoted} SET epoch = $2::bigint WHERE name = $1"),
+            &[&lease.row, &current],
+        )
+        .await?;
         return Ok((recorded != current, Some(epoch)));
     }
     let target = granted.unwrap_or(0);
@@ -364,7 +359,11 @@ async fn sync_lease_epoch(
     }
     if target > hwm {
         // Raising the HWM is a takeover: wait for transactions past the guard, as the trigger does.
-        tx.execute("SELECT pg_catalog.pg_advisory_xact_lock(pgfence.lock_key($1))", &[&fence.name]).await?;
+        tx.execute(
+            "SELECT pg_catalog.pg_advisory_xact_lock(pgfence.lock_key($1))",
+            &[&fence.name],
+        )
+        .await?;
     }
     tx.execute(
         "UPDATE pgfence.fence SET lease_epoch = $2, hwm = greatest(hwm, $2) WHERE name = $1",
@@ -381,71 +380,5 @@ fn quote_table(table: &TableName) -> String {
     match &table.schema {
         Some(schema) => format!("{}.{}", ident(schema), ident(&table.name)),
         None => ident(&table.name),
-    }
-}
-
-impl fmt::Display for InstallReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let action = match (self.version_before, self.version_after) {
-            (0, after) => format!("installed (version {after})"),
-            (before, after) if before == after => format!("up to date (version {after})"),
-            (before, after) => format!("upgraded from version {before} to {after}"),
-        };
-        writeln!(f, "database \"{}\": pgfence schema {action}", self.database)?;
-        for report in &self.fences {
-            writeln!(f, "  fence \"{}\": {}", report.fence, report.status)?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for FenceStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FenceStatus::OtherDatabase { database } => write!(f, "skipped (only for database \"{database}\")"),
-            FenceStatus::Registered { created, hwm, missing_tables, lease } => {
-                let verb = if *created { "registered" } else { "already registered" };
-                write!(f, "{verb} (high-water mark {hwm}); {lease}")?;
-                for table in missing_tables {
-                    write!(f, "; note: table {table} does not exist here yet")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-impl fmt::Display for LeaseStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LeaseStatus::NotConfigured => f.write_str("no lease table"),
-            LeaseStatus::TableNotHere { table } => {
-                write!(f, "lease table {table} is not in this database: trigger not installed here")
-            }
-            LeaseStatus::Installed { table, row, trigger_created, lease_epoch, lifted_from, .. } => {
-                let trigger = if *trigger_created { "trigger installed" } else { "trigger already in place" };
-                write!(f, "lease {table} row \"{row}\": {trigger}, lease epoch {lease_epoch}")?;
-                if let Some(from) = lifted_from {
-                    write!(f, " (the row's epoch was lifted from {from} to the high-water mark)")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-impl InstallReport {
-    /// Whether the install changed anything (false on a second run).
-    pub fn changed(&self) -> bool {
-        self.version_before != self.version_after
-            || self.fences.iter().any(|r| match &r.status {
-                FenceStatus::OtherDatabase { .. } => false,
-                FenceStatus::Registered { created, lease, .. } => {
-                    *created
-                        || matches!(lease, LeaseStatus::Installed { registration_changed, trigger_created,
-                            lease_epoch_changed, lifted_from, .. }
-                            if *registration_changed || *trigger_created || *lease_epoch_changed || lifted_from.is_some())
-                }
-            })
     }
 }

@@ -62,3 +62,4 @@ pub mod call;
 pub mod epoch;
 pub mod install;
 pub mod policy;
+mod report;

@@ -242,8 +242,14 @@ impl<'a> Lexer<'a> {
                     self.quoted(b'\'', true);
                     return TokenKind::EscapeString;
                 }
-                b'b' | b'x' | b'n' => {
+                // National strings follow the plain-string rules; bit
+                // strings never process backslashes.
+                b'n' => {
                     self.quoted(b'\'', !self.lexing.standard_conforming_strings);
+                    return TokenKind::String;
+                }
+                b'b' | b'x' => {
+                    self.quoted(b'\'', false);
                     return TokenKind::String;
                 }
                 _ => {}
@@ -329,22 +335,6 @@ fn is_ident_cont(b: u8) -> bool {
 
 fn is_ident_cont_no_dollar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
-}
-
-/// Finds the `)` matching the `(` at `tokens[open]`; `None` if unbalanced.
-pub fn matching_paren(tokens: &[Token], open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, t) in tokens.iter().enumerate().skip(open) {
-        if t.is_punct(b'(') {
-            depth += 1;
-        } else if t.is_punct(b')') {
-            depth = depth.checked_sub(1)?;
-            if depth == 0 {
-                return Some(i);
-            }
-        }
-    }
-    None
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ pub mod lex;
 pub mod name;
 pub mod split;
 
-pub use classify::{Analysis, Analyzer, FenceId, FenceSet, Stmt, StmtKind, analyze};
+pub use classify::{Analysis, Analyzer, FenceId, FenceSet, Stmt, StmtKind, analyze, analyze_lexing};
 pub use declare::{Declaration, Scope, Setting};
 pub use lex::Lexing;
 pub use name::TableName;

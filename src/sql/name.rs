@@ -112,10 +112,14 @@ fn split_identifiers(input: &str) -> Result<Vec<String>, &'static str> {
                 if !(c.is_alphanumeric() || c == '_' || c == '$') {
                     return Err("unexpected character (quote the identifier)");
                 }
-                ident.extend(c.to_lowercase());
+                // Postgres folds only ASCII letters in UTF-8 databases
+                // (`CAFÉ` is `cafÉ`); Unicode folding would name another table.
+                ident.push(c.to_ascii_lowercase());
                 chars.next();
             }
         }
+        // Postgres truncates identifiers to 63 bytes (NAMEDATALEN - 1).
+        super::lex::truncate_ident(&mut ident);
         if ident.is_empty() {
             return Err("empty identifier");
         }
@@ -139,6 +143,7 @@ mod tests {
             ("Billing.Invoices", "billing", "invoices"),
             ("\"Billing\".\"In.voices\"", "Billing", "In.voices"),
             ("public.\"a\"\"b\"", "public", "a\"b"),
+            ("CAFÉ", "public", "cafÉ"),
         ];
         for (input, schema, name) in cases {
             let t = TableName::parse_config(input).unwrap();

@@ -3,3 +3,9 @@
 
 mod common;
 mod harness;
+mod fencing;
+mod relay;
+mod raw_wire;
+mod shutdown;
+mod tools;
+mod auth;

@@ -20,6 +20,7 @@
 //! cascades, updatable views) are invisible here by design; the docs say so.
 
 mod ast;
+mod fences;
 mod forms;
 #[cfg(test)]
 mod tests;
@@ -28,65 +29,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use memchr::memmem::Finder;
-
 use super::declare::{self, Declaration};
 use super::lex::{Lexer, Lexing, TokenKind, ident_value};
 use super::name::TableName;
 use super::split;
 
-/// Identifies a configured fence (an index chosen by the caller).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FenceId(pub u16);
-
-/// The fenced tables the classifier looks for, with their fences.
-#[derive(Debug, Clone)]
-pub struct FenceSet {
-    tables: Vec<(TableName, FenceId)>,
-    /// One pre-filter needle per table, parallel to `tables`.
-    needles: Vec<Finder<'static>>,
-}
-
-impl FenceSet {
-    /// Builds the set from configured (schema-qualified) table names.
-    pub fn new(tables: Vec<(TableName, FenceId)>) -> Self {
-        let needles = tables
-            .iter()
-            .map(|(t, _)| Finder::new(needle(&t.name).as_bytes()).into_owned())
-            .collect();
-        Self { tables, needles }
-    }
-
-    /// Whether no table is fenced (then nothing is ever a fenced write).
-    pub fn is_empty(&self) -> bool {
-        self.tables.is_empty()
-    }
-
-    /// The configured tables and their fences.
-    pub fn tables(&self) -> &[(TableName, FenceId)] {
-        &self.tables
-    }
-
-    /// The lower-cased byte strings the pre-filter searches for, one per
-    /// table: a statement whose lower-cased text contains none of them does
-    /// not name a fenced table (except through `U&"…"`).
-    pub fn prefilter_needles(&self) -> impl Iterator<Item = &[u8]> {
-        self.needles.iter().map(Finder::needle)
-    }
-
-    /// Whether lower-cased text `lower` contains any fenced name.
-    fn mentioned_in(&self, lower: &[u8]) -> bool {
-        self.needles.iter().any(|f| f.find(lower).is_some())
-    }
-}
-
-/// The pre-filter needle of a table name: lower-cased (a superset check, as
-/// unquoted names are folded); a name with `"` appears doubled in SQL, so only
-/// the longest quote-free piece is searched (empty: every text matches).
-fn needle(name: &str) -> String {
-    let lower = name.to_ascii_lowercase();
-    lower.split('"').max_by_key(|p| p.len()).unwrap_or("").to_owned()
-}
+use fences::Hits;
+pub use fences::{FenceId, FenceSet};
 
 /// The result of analysing one Query text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,8 +45,8 @@ pub struct Analysis {
 }
 
 impl Analysis {
-    /// Whether any statement needs the caller's attention (anything but
-    /// [`StmtKind::Other`]).
+    /// Whether every statement is [`StmtKind::Other`], so the Query can be
+    /// forwarded untouched.
     pub fn is_plain(&self) -> bool {
         self.statements.iter().all(|s| s.kind == StmtKind::Other)
     }
@@ -157,6 +106,11 @@ pub enum StmtKind {
 /// Analyses `sql` (one simple-Query text) with default lexing. Never panics.
 pub fn analyze(sql: &str, fences: &FenceSet) -> Analysis {
     analyze_with(sql, fences, Lexing::default(), &mut Vec::new()).0
+}
+
+/// [`analyze`] with explicit lexing rules (see [`Lexing`]).
+pub fn analyze_lexing(sql: &str, fences: &FenceSet, lexing: Lexing) -> Analysis {
+    analyze_with(sql, fences, lexing, &mut Vec::new()).0
 }
 
 /// Analyses with explicit lexing, lower-casing into `lower` (reused between
@@ -332,7 +286,7 @@ impl<'a> Ctx<'a> {
         // TRUNCATE … CASCADE and DROP/ALTER SCHEMA reach fenced tables they
         // do not name; these commands are rare, so they skip the pre-filter.
         let ddl = matches!(first, "truncate" | "drop" | "alter");
-        if !(ddl && !self.fences.is_empty()) && !self.may_name_fence(&span) {
+        if (!ddl || self.fences.is_empty()) && !self.may_name_fence(&span) {
             return StmtKind::Other;
         }
         if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
@@ -434,68 +388,5 @@ impl<'a> Ctx<'a> {
                     && (t.kind == TokenKind::EscapeString || !self.lexing.standard_conforming_strings)
             });
         hits.into_unanalysable(self.fences)
-    }
-}
-
-/// Fenced tables found so far, as indices into [`FenceSet::tables`].
-#[derive(Debug, Default)]
-struct Hits {
-    tables: Vec<usize>,
-    /// Every fenced table may be affected (`TRUNCATE … CASCADE`, unreadable names).
-    all: bool,
-    /// Part of the statement was not understood.
-    unknown: bool,
-}
-
-impl Hits {
-    /// Adds the fenced tables a name written in SQL may refer to.
-    fn name(&mut self, name: &TableName, fences: &FenceSet) {
-        let found = fences
-            .tables
-            .iter()
-            .enumerate()
-            .filter(|(_, (t, _))| name.may_refer_to(t));
-        self.tables.extend(found.map(|e| e.0));
-    }
-
-    /// Adds the fenced tables in schema `schema` (DROP / ALTER SCHEMA).
-    fn schema(&mut self, schema: &str, fences: &FenceSet) {
-        let found = fences
-            .tables
-            .iter()
-            .enumerate()
-            .filter(|(_, (t, _))| t.schema.as_deref() == Some(schema));
-        self.tables.extend(found.map(|e| e.0));
-    }
-
-    fn finish(mut self, fences: &FenceSet) -> (Vec<FenceId>, Vec<TableName>) {
-        if self.all {
-            self.tables = (0..fences.tables.len()).collect();
-        }
-        self.tables.sort_unstable();
-        self.tables.dedup();
-        let tables: Vec<TableName> = self.tables.iter().map(|&i| fences.tables[i].0.clone()).collect();
-        let mut ids: Vec<FenceId> = self.tables.iter().map(|&i| fences.tables[i].1).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        (ids, tables)
-    }
-
-    fn into_write(self, fences: &FenceSet) -> StmtKind {
-        let (fences, tables) = self.finish(fences);
-        if tables.is_empty() {
-            StmtKind::Other
-        } else {
-            StmtKind::Write { fences, tables }
-        }
-    }
-
-    fn into_unanalysable(self, fences: &FenceSet) -> StmtKind {
-        let (fences, _) = self.finish(fences);
-        if fences.is_empty() {
-            StmtKind::Other
-        } else {
-            StmtKind::Unanalysable { fences }
-        }
     }
 }

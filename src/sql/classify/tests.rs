@@ -290,6 +290,24 @@ fn without_fences_nothing_is_a_write() {
 }
 
 #[test]
+fn odd_configured_names_match_their_quoted_spelling() {
+    let f = FenceSet::new(vec![
+        (TableName::parse_config("public.\"we\"\"ird\"").unwrap(), FenceId(7)),
+        (TableName::parse_config("CAFÉ").unwrap(), FenceId(8)),
+        (TableName::parse_config(&"l".repeat(70)).unwrap(), FenceId(9)),
+    ]);
+    assert_eq!(run("UPDATE \"we\"\"ird\" SET x = 1", &f), "write:we\"ird");
+    assert_eq!(run("UPDATE weird SET x = 1", &f), "other");
+    assert_eq!(run("DELETE FROM CAFÉ", &f), "write:cafÉ");
+    assert_eq!(run("DELETE FROM \"café\"", &f), "other");
+    // Postgres truncates both spellings to 63 bytes.
+    assert_eq!(
+        run(&format!("TRUNCATE {}", "l".repeat(80)), &f),
+        format!("write:{}", "l".repeat(63))
+    );
+}
+
+#[test]
 fn spans_cover_the_statements() {
     let sql = "  SELECT 1 ;\n/* c */ DELETE FROM invoices WHERE a = ';' ; ";
     let a = analyze(sql, &fences());

@@ -11,8 +11,10 @@
     reason = "helpers are shared by test modules; not all are used by each one"
 )]
 
+pub mod inproc;
 pub mod pg;
 pub mod proxy;
+pub mod raw;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;

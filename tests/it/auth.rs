@@ -1,0 +1,46 @@
+//! Authentication passes through untouched: trust, password, md5, SCRAM.
+
+use crate::common::inproc::Proxy;
+use crate::common::pg::{Cluster, config, connect_config};
+
+#[tokio::test]
+async fn every_auth_method_passes_through() {
+    let cluster: &'static Cluster = Box::leak(Box::new(Cluster::start()));
+    let admin = cluster.admin("postgres").await;
+    admin
+        .batch_execute(
+            "SET password_encryption = 'md5';
+             CREATE ROLE md5user LOGIN PASSWORD 'md5secret';
+             CREATE ROLE pwuser LOGIN PASSWORD 'pwsecret';
+             SET password_encryption = 'scram-sha-256';
+             CREATE ROLE scramuser LOGIN PASSWORD 'scramsecret';
+             CREATE ROLE trustuser LOGIN;",
+        )
+        .await
+        .unwrap();
+    cluster
+        .set_hba_and_reload(&[
+            "host all md5user 127.0.0.1/32 md5",
+            "host all pwuser 127.0.0.1/32 password",
+            "host all scramuser 127.0.0.1/32 scram-sha-256",
+            "host all trustuser 127.0.0.1/32 trust",
+            "host all postgres 127.0.0.1/32 trust",
+        ])
+        .await;
+    let proxy = Proxy::start(cluster.port(), "").await;
+    for (user, password) in [("md5user", "md5secret"), ("pwuser", "pwsecret"), ("scramuser", "scramsecret"), ("trustuser", "")] {
+        let mut c = config(proxy.port(), "postgres");
+        c.user(user);
+        if !password.is_empty() {
+            c.password(password);
+        }
+        let client = connect_config(&c).await.unwrap_or_else(|e| panic!("{user}: {e}"));
+        let who: String = client.query_one("SELECT current_user::text", &[]).await.unwrap().get(0);
+        assert_eq!(who, user);
+        if !password.is_empty() {
+            c.password("wrong");
+            let err = connect_config(&c).await.err().unwrap_or_else(|| panic!("{user} with a wrong password"));
+            assert_eq!(err.code().map(|c| c.code()), Some("28P01"), "{user}: {err}");
+        }
+    }
+}

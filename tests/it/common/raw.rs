@@ -1,0 +1,155 @@
+//! A minimal raw wire-protocol client for what drivers never send: arbitrary
+//! startup parameters, malformed messages, hand-made pipelines.
+
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One backend message: type byte and body.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    pub tag: u8,
+    pub body: Vec<u8>,
+}
+
+impl Msg {
+    /// The `C` field of an ErrorResponse.
+    pub fn code(&self) -> Option<String> {
+        self.field(b'C')
+    }
+
+    /// A field of an ErrorResponse/NoticeResponse.
+    pub fn field(&self, which: u8) -> Option<String> {
+        if self.tag != b'E' && self.tag != b'N' {
+            return None;
+        }
+        let mut rest = &self.body[..];
+        while let Some((&f, tail)) = rest.split_first() {
+            if f == 0 {
+                break;
+            }
+            let end = tail.iter().position(|&b| b == 0)?;
+            if f == which {
+                return Some(String::from_utf8_lossy(&tail[..end]).into_owned());
+            }
+            rest = &tail[end + 1..];
+        }
+        None
+    }
+}
+
+/// A raw connection.
+pub struct Raw {
+    pub stream: TcpStream,
+    buf: BytesMut,
+}
+
+/// A startup packet body with these parameters (protocol 3.0).
+pub fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = BytesMut::new();
+    body.put_u32(3 << 16);
+    for (k, v) in params {
+        body.put_slice(k.as_bytes());
+        body.put_u8(0);
+        body.put_slice(v.as_bytes());
+        body.put_u8(0);
+    }
+    body.put_u8(0);
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A frontend message.
+pub fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// A simple Query message.
+pub fn query(sql: &str) -> Vec<u8> {
+    let mut body = sql.as_bytes().to_vec();
+    body.push(0);
+    message(b'Q', &body)
+}
+
+impl Raw {
+    /// Connects without sending anything.
+    pub async fn connect(port: u16) -> Raw {
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        Raw { stream, buf: BytesMut::new() }
+    }
+
+    /// Connects and completes a trust-auth startup with these parameters;
+    /// returns every message up to and including the first ReadyForQuery or ErrorResponse.
+    pub async fn startup(port: u16, params: &[(&str, &str)]) -> (Raw, Vec<Msg>) {
+        let mut raw = Self::connect(port).await;
+        raw.send(&startup_packet(params)).await;
+        let msgs = raw.read_until(|m| m.tag == b'Z' || m.tag == b'E').await;
+        (raw, msgs)
+    }
+
+    /// Writes bytes.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads one message, or None on EOF / reset / 10 s timeout.
+    pub async fn read(&mut self) -> Option<Msg> {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+                if self.buf.len() > len {
+                    let tag = self.buf[0];
+                    self.buf.advance(5);
+                    let body = self.buf.split_to(len - 4).to_vec();
+                    return Some(Msg { tag, body });
+                }
+            }
+            match tokio::time::timeout(Duration::from_secs(10), self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// Reads messages until `stop` matches one (included) or the connection ends.
+    pub async fn read_until(&mut self, stop: impl Fn(&Msg) -> bool) -> Vec<Msg> {
+        let mut out = Vec::new();
+        while let Some(m) = self.read().await {
+            let done = stop(&m);
+            out.push(m);
+            if done {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Sends a simple query and reads up to ReadyForQuery.
+    pub async fn simple(&mut self, sql: &str) -> Vec<Msg> {
+        self.send(&query(sql)).await;
+        self.read_until(|m| m.tag == b'Z').await
+    }
+
+    /// Whether the server closed the connection (EOF within 10 s, ignoring remaining messages).
+    pub async fn closed(&mut self) -> bool {
+        while self.read().await.is_some() {}
+        true
+    }
+}
+
+/// The error codes among `msgs`.
+pub fn codes(msgs: &[Msg]) -> Vec<String> {
+    msgs.iter().filter_map(Msg::code).collect()
+}
+
+/// The message types of `msgs` as a string, e.g. "TDCZ".
+pub fn tags(msgs: &[Msg]) -> String {
+    msgs.iter().map(|m| m.tag as char).collect()
+}

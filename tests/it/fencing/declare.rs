@@ -1,0 +1,169 @@
+//! Every way to declare an epoch × {stale, current, none, invalid}.
+
+use super::{Fixture, code, fence_toml};
+use crate::common::inproc::Proxy;
+use crate::common::pg::{Cluster, try_connect};
+use crate::common::raw::{Raw, codes};
+
+const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
+
+/// Lease at epoch 2: epoch 1 is stale, 2 current, 3 above the lease.
+async fn at_epoch_two() -> Fixture {
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    f.takeover("b").await;
+    f
+}
+
+#[tokio::test]
+async fn options_declaration_matrix() {
+    let f = at_epoch_two().await;
+    for (epoch, expect) in [(Some("1"), "PF001"), (Some("2"), "ok"), (None, "PF002")] {
+        let opts = epoch.map(|e| format!("-c pgfence.epoch={e}")).unwrap_or_default();
+        let s = f.session(&opts).await;
+        assert_eq!(code(&s.execute(WRITE, &[]).await), expect, "options {opts:?} extended");
+        assert_eq!(code(&s.batch_execute(WRITE).await), expect, "options {opts:?} simple");
+    }
+    let r = try_connect(f.proxy.port(), &f.db, "-c pgfence.epoch=abc").await;
+    assert_eq!(code(&r), "PF003", "an invalid startup value fails the connection");
+}
+
+#[tokio::test]
+async fn startup_parameter_declaration_matrix() {
+    let f = at_epoch_two().await;
+    for (epoch, expect) in [(Some("1"), "PF001"), (Some("2"), ""), (None, "PF002"), (Some("+02"), "")] {
+        let mut params = vec![("user", "postgres"), ("database", f.db.as_str())];
+        if let Some(e) = epoch {
+            params.push(("pgfence.epoch", e));
+        }
+        let (mut raw, msgs) = Raw::startup(f.proxy.port(), &params).await;
+        assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{epoch:?}: {msgs:?}");
+        let got = codes(&raw.simple(WRITE).await).join(",");
+        assert_eq!(got, expect, "startup pgfence.epoch={epoch:?}");
+    }
+    for bad in ["0", "", "-1", "9223372036854775808", "x"] {
+        let params = [("user", "postgres"), ("database", f.db.as_str()), ("pgfence.epoch", bad)];
+        let (_, msgs) = Raw::startup(f.proxy.port(), &params).await;
+        assert_eq!(codes(&msgs), ["PF003"], "startup pgfence.epoch={bad:?}");
+        assert_eq!(msgs.last().unwrap().field(b'S').as_deref(), Some("FATAL"));
+    }
+    // The raw parameter wins over options, as Postgres applies it last.
+    let params = [("user", "postgres"), ("database", f.db.as_str()), ("options", "-c pgfence.epoch=1"), ("pgfence.epoch", "2")];
+    let (mut raw, _) = Raw::startup(f.proxy.port(), &params).await;
+    assert!(codes(&raw.simple(WRITE).await).is_empty());
+}
+
+#[tokio::test]
+async fn set_declaration_matrix() {
+    let f = at_epoch_two().await;
+    for set in ["SET pgfence.epoch = {}", "SET SESSION pgfence.epoch TO {}", "set PGFENCE.EPOCH to '{}'"] {
+        for (epoch, expect) in [("1", "PF001"), ("2", "ok"), ("05", "PF003"), ("+2", "ok")] {
+            let s = f.session("").await;
+            let stmt = set.replace("{}", epoch);
+            s.batch_execute(&stmt).await.unwrap();
+            assert_eq!(code(&s.execute(WRITE, &[]).await), expect, "{stmt}");
+        }
+        for bad in ["''", "0", "-3", "'abc'", "1.5", "9223372036854775808"] {
+            let s = f.session("-c pgfence.epoch=2").await;
+            let stmt = set.replace("'{}'", "{}").replace("{}", bad);
+            assert_eq!(code(&s.batch_execute(&stmt).await), "PF003", "{stmt}");
+            assert_eq!(code(&s.execute(&stmt, &[]).await), "PF003", "{stmt} (extended)");
+            // The session keeps its previous epoch.
+            assert_eq!(code(&s.execute(WRITE, &[]).await), "ok", "after {stmt}");
+            let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
+            assert_eq!(shown, "2");
+        }
+    }
+    let s = f.session("").await;
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF002");
+}
+
+#[tokio::test]
+async fn set_local_lasts_until_the_transaction_ends() {
+    let f = at_epoch_two().await;
+    let s = f.session("").await;
+    s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 2").await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+    s.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF002", "SET LOCAL is gone after COMMIT");
+    s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 1").await.unwrap();
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+    s.batch_execute("ROLLBACK").await.unwrap();
+    // SET LOCAL over a session epoch, in one simple Query.
+    s.batch_execute("SET pgfence.epoch = 2").await.unwrap();
+    let r = s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 1; UPDATE sweep_state SET note = 'x' WHERE id = 1; COMMIT").await;
+    assert_eq!(code(&r), "PF001");
+    s.batch_execute("ROLLBACK").await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn session_set_in_a_rolled_back_transaction_is_undone() {
+    let f = at_epoch_two().await;
+    let s = f.session("-c pgfence.epoch=1").await;
+    s.batch_execute("BEGIN; SET pgfence.epoch = 2; ROLLBACK").await.unwrap();
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+    let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
+    assert_eq!(shown, "1");
+    s.batch_execute("BEGIN; SET pgfence.epoch = 2; COMMIT").await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+    // An implicit transaction that fails undoes its SET too.
+    let s = f.session("-c pgfence.epoch=1").await;
+    assert!(s.batch_execute("SET pgfence.epoch = 2; SELECT 1/0").await.is_err());
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+}
+
+#[tokio::test]
+async fn reset_returns_to_the_connection_value() {
+    let f = at_epoch_two().await;
+    let s = f.session("-c pgfence.epoch=2").await;
+    s.batch_execute("SET pgfence.epoch = 1").await.unwrap();
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+    s.batch_execute("RESET pgfence.epoch").await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+    s.batch_execute("SET pgfence.epoch = 1").await.unwrap();
+    s.batch_execute("SET pgfence.epoch = DEFAULT").await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+    s.batch_execute("SET pgfence.epoch = 1; RESET ALL").await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+    let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
+    assert_eq!(shown, "2");
+    let s = f.session("").await;
+    s.batch_execute("SET pgfence.epoch = 2").await.unwrap();
+    s.batch_execute("RESET pgfence.epoch").await.unwrap();
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF002");
+}
+
+#[tokio::test]
+async fn show_agrees_with_the_declaration() {
+    let f = at_epoch_two().await;
+    let s = f.session("-c pgfence.epoch=2").await;
+    let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
+    assert_eq!(shown, "2");
+    s.execute("SET pgfence.epoch = 1", &[]).await.unwrap();
+    let shown: String = s.query_one("SELECT current_setting('pgfence.epoch')", &[]).await.unwrap().get(0);
+    assert_eq!(shown, "1");
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+}
+
+#[tokio::test]
+async fn several_fences_need_pgfence_fence() {
+    let cluster = Cluster::shared();
+    let toml = format!("{}[[fence]]\nname = \"other\"\ntables = [\"audit\"]\n", fence_toml());
+    let f = Fixture::with(cluster, &toml).await;
+    let e = f.takeover("a").await;
+    let s = f.leader(e).await;
+    let r = s.execute(WRITE, &[]).await;
+    assert_eq!(code(&r), "PF002");
+    assert!(r.unwrap_err().as_db_error().unwrap().message().contains("pgfence.fence"));
+    let s = f.session(&format!("-c pgfence.epoch={e} -c pgfence.fence=sweeper")).await;
+    s.execute(WRITE, &[]).await.unwrap();
+    // A write to another fence's table is PF002 for that fence.
+    let r = s.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await;
+    assert_eq!(code(&r), "PF002");
+    assert!(r.unwrap_err().as_db_error().unwrap().message().contains("\"other\""));
+    let s2 = f.session("").await;
+    s2.batch_execute(&format!("SET pgfence.fence = 'other'; SET pgfence.epoch = {e}")).await.unwrap();
+    s2.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await.unwrap();
+    drop(Proxy::start(cluster.port(), "").await);
+}

@@ -1,0 +1,74 @@
+//! The high-water mark never goes down: not across proxy restarts, Postgres
+//! restarts, several proxies, or a re-created lease row.
+
+use super::{Fixture, SEED_SQL, code, fence_toml, install};
+use crate::common::inproc::Proxy;
+use crate::common::pg::{Cluster, connect};
+
+const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
+
+/// Without a lease, the first write with a higher epoch raises the HWM.
+const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
+
+#[tokio::test]
+async fn hwm_survives_proxy_restart_and_is_shared_by_two_proxies() {
+    let cluster = Cluster::shared();
+    let f = Fixture::with(cluster, NO_LEASE).await;
+    let second = Proxy::start(cluster.port(), NO_LEASE).await;
+    f.leader(1).await.execute(WRITE, &[]).await.unwrap();
+    connect(second.port(), &f.db, "-c pgfence.epoch=3").await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(f.hwm().await, 3);
+    assert_eq!(code(&f.leader(2).await.execute(WRITE, &[]).await), "PF001", "other proxy's HWM applies");
+    drop(second);
+    let restarted = Proxy::start(cluster.port(), NO_LEASE).await;
+    let s = connect(restarted.port(), &f.db, "-c pgfence.epoch=2").await;
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001", "HWM survives a proxy restart");
+    connect(restarted.port(), &f.db, "-c pgfence.epoch=3").await.execute(WRITE, &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn hwm_survives_an_immediate_postgres_restart() {
+    let cluster: &'static Cluster = Box::leak(Box::new(Cluster::start()));
+    let db = cluster.fresh_db().await;
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install(&mut admin, cluster.port(), NO_LEASE).await;
+    let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
+    connect(proxy.port(), &db, "-c pgfence.epoch=5").await.execute(WRITE, &[]).await.unwrap();
+    cluster.restart_immediate();
+    let s = connect(proxy.port(), &db, "-c pgfence.epoch=4").await;
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+    let admin = cluster.admin(&db).await;
+    let hwm: i64 = admin.query_one("SELECT hwm FROM pgfence.fence", &[]).await.unwrap().get(0);
+    assert_eq!(hwm, 5);
+}
+
+#[tokio::test]
+async fn recreated_lease_row_does_not_start_below_the_hwm() {
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    let e2 = f.takeover("b").await;
+    f.leader(e2).await.execute(WRITE, &[]).await.unwrap();
+    f.admin.batch_execute("DELETE FROM leader_lease; INSERT INTO leader_lease (name) VALUES ('sweeper')").await.unwrap();
+    let epoch: i64 = f.admin.query_one("SELECT epoch FROM leader_lease", &[]).await.unwrap().get(0);
+    assert!(epoch >= e2, "a re-created row starts at the HWM, got {epoch}");
+    let e3 = f.takeover("c").await;
+    assert!(e3 > e2, "a new leader is never born stale");
+    assert_eq!(code(&f.leader(e2).await.execute(WRITE, &[]).await), "PF001");
+    f.leader(e3).await.execute(WRITE, &[]).await.unwrap();
+    // Lowering the lease epoch is refused.
+    let r = f.admin.execute("UPDATE leader_lease SET epoch = 1", &[]).await;
+    assert!(r.is_err(), "lowering the lease epoch must fail");
+    assert!(f.hwm().await >= e3);
+}
+
+#[tokio::test]
+async fn init_is_idempotent_and_keeps_the_hwm() {
+    let mut f = Fixture::new().await;
+    let e1 = f.takeover("a").await;
+    f.leader(e1).await.execute(WRITE, &[]).await.unwrap();
+    install(&mut f.admin, f.cluster.port(), &fence_toml()).await;
+    install(&mut f.admin, f.cluster.port(), &fence_toml()).await;
+    assert_eq!(f.hwm().await, e1);
+    f.leader(e1).await.execute(WRITE, &[]).await.unwrap();
+}

@@ -1,0 +1,147 @@
+//! Sequences drivers never send: garbage, oversized and truncated messages,
+//! hand-made pipelines. Each bad session ends alone; the proxy stays up.
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::common::inproc::Proxy;
+use crate::common::pg::{Cluster, connect};
+use crate::common::raw::{Raw, codes, message, query, tags};
+
+async fn setup() -> (String, Proxy, tokio_postgres::Client) {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let proxy = Proxy::start(cluster.port(), "max_message_size = 65536").await;
+    let bystander = connect(proxy.port(), &db, "").await;
+    (db, proxy, bystander)
+}
+
+async fn still_fine(bystander: &tokio_postgres::Client, proxy: &Proxy) {
+    assert_eq!(bystander.query_one("SELECT 7", &[]).await.unwrap().get::<_, i32>(0), 7);
+    assert!(!proxy.is_finished());
+}
+
+#[tokio::test]
+async fn garbage_first_bytes_close_only_that_session() {
+    let (_, proxy, bystander) = setup().await;
+    let mut raw = Raw::connect(proxy.port()).await;
+    raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(raw.closed().await);
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn oversized_startup_packet_is_refused() {
+    let (_, proxy, bystander) = setup().await;
+    let mut raw = Raw::connect(proxy.port()).await;
+    let mut packet = 20_000u32.to_be_bytes().to_vec();
+    packet.extend((3u32 << 16).to_be_bytes());
+    raw.send(&packet).await;
+    assert!(raw.closed().await);
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn two_gib_length_header_gets_08p01() {
+    let (db, proxy, bystander) = setup().await;
+    let (mut raw, msgs) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    assert_eq!(msgs.last().unwrap().tag, b'Z');
+    raw.send(&[b'Q', 0x7f, 0xff, 0xff, 0xff, b'S']).await;
+    let rest = raw.read_until(|_| false).await;
+    assert_eq!(codes(&rest), ["08P01"], "{rest:?}");
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn negative_length_and_malformed_messages_get_08p01() {
+    let (db, proxy, bystander) = setup().await;
+    for bad in [
+        vec![b'Q', 0xff, 0xff, 0xff, 0xf0],
+        message(b'Q', b"SELECT 1"),
+        message(b'E', b"no-terminator"),
+        message(b'P', b"stmt\0SELECT 1"),
+    ] {
+        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+        raw.send(&bad).await;
+        let rest = raw.read_until(|_| false).await;
+        assert_eq!(codes(&rest), ["08P01"], "{bad:?}: {rest:?}");
+    }
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn truncated_message_then_close_leaves_others_alone() {
+    let (db, proxy, bystander) = setup().await;
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let q = query("SELECT 1");
+    raw.send(&q[..q.len() - 3]).await;
+    raw.stream.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn bytes_after_terminate_are_ignored() {
+    let (db, proxy, bystander) = setup().await;
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let mut bytes = message(b'X', b"");
+    bytes.extend(query("SELECT 1"));
+    raw.send(&bytes).await;
+    let rest = raw.read_until(|_| false).await;
+    assert!(rest.is_empty(), "{rest:?}");
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn query_over_max_message_size_is_refused_but_copy_data_streams() {
+    let (db, proxy, bystander) = setup().await;
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let big = format!("SELECT '{}'", "x".repeat(70_000));
+    raw.send(&query(&big)).await;
+    let rest = raw.read_until(|_| false).await;
+    assert_eq!(codes(&rest), ["08P01"]);
+    // CopyData is not capped by max_message_size.
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    raw.simple("CREATE TEMP TABLE big (t text)").await;
+    raw.send(&query("COPY big FROM STDIN")).await;
+    assert_eq!(raw.read().await.unwrap().tag, b'G');
+    let mut row = "y".repeat(200_000).into_bytes();
+    row.push(b'\n');
+    raw.send(&message(b'd', &row)).await;
+    raw.send(&message(b'c', b"")).await;
+    let rest = raw.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(tags(&rest), "CZ", "{rest:?}");
+    still_fine(&bystander, &proxy).await;
+}
+
+#[tokio::test]
+async fn error_mid_pipeline_skips_to_sync_as_postgres_does() {
+    let (db, proxy, _) = setup().await;
+    let cluster = Cluster::shared();
+    let mut batch = Vec::new();
+    batch.extend(message(b'P', b"\0SELECT 1/0\0\0\0"));
+    batch.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+    batch.extend(message(b'E', b"\0\0\0\0\0"));
+    batch.extend(message(b'P', b"\0SELECT 2\0\0\0"));
+    batch.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+    batch.extend(message(b'E', b"\0\0\0\0\0"));
+    batch.extend(message(b'S', b""));
+    batch.extend(message(b'P', b"\0SELECT 3\0\0\0"));
+    batch.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+    batch.extend(message(b'E', b"\0\0\0\0\0"));
+    batch.extend(message(b'H', b""));
+    batch.extend(message(b'S', b""));
+    let mut seen = Vec::new();
+    for port in [cluster.port(), proxy.port()] {
+        let (mut raw, _) = Raw::startup(port, &[("user", "postgres"), ("database", &db)]).await;
+        raw.send(&batch).await;
+        let first = raw.read_until(|m| m.tag == b'Z').await;
+        let second = raw.read_until(|m| m.tag == b'Z').await;
+        seen.push((tags(&first), tags(&second)));
+    }
+    // Postgres folds 1/0 while planning, so the error comes at Bind or Execute; either way the
+    // rest of the batch is skipped up to Sync and the next batch answers normally.
+    assert!(seen[0].0.ends_with("EZ") && seen[0].1 == "12DCZ", "{seen:?}");
+    assert_eq!(seen[0], seen[1], "pgfence must answer exactly as Postgres");
+}
