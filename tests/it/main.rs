@@ -2,4 +2,7 @@
 //! (`common::pg::Cluster::shared`) instead of starting a server per file.
 
 mod common;
+mod demo;
+mod docker;
 mod harness;
+mod lease;
