@@ -56,7 +56,12 @@ async fn main() -> anyhow::Result<()> {
 
     // An invalid epoch is refused where it is declared (PF003) and the session keeps its epoch.
     match client.batch_execute("SET pgfence.epoch = 0").await {
-        Err(e) => println!("{:<55} -> refused: {} {}", "SET pgfence.epoch = 0", code(&e), e),
+        Err(e) => println!(
+            "{:<55} -> refused: {} {}",
+            "SET pgfence.epoch = 0",
+            code(&e),
+            message(&e)
+        ),
         Ok(()) => println!("SET pgfence.epoch = 0 was accepted: is this connection going through pgfence?"),
     }
     show(&client, "after the refused SET").await?;
@@ -87,4 +92,9 @@ async fn show(client: &Client, what: &str) -> anyhow::Result<()> {
 
 fn code(e: &tokio_postgres::Error) -> &str {
     e.code().map_or("", |c| c.code())
+}
+
+fn message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or_else(|| e.to_string(), |db| db.message().to_owned())
 }

@@ -82,8 +82,11 @@ async fn sweep_while_leading(pg: &Config, id: &str, leadership: &Leadership, eve
             Err(e) if e.code().is_some_and(|c| c.code() == "PF001") => {
                 // A newer leader exists: we were paused or partitioned past our lease. Nothing of
                 // this sweep was committed; stop at once.
+                let why = e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |db| db.message().to_owned());
                 println!(
-                    "{id}: epoch {} is stale, another replica took over: {e}",
+                    "{id}: epoch {} is stale, another replica took over: {why}",
                     leadership.epoch
                 );
                 return Ok(());
