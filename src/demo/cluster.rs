@@ -85,6 +85,17 @@ impl Cluster {
             server: None,
         };
         if running_as_root() {
+            let exists = Command::new("id")
+                .args(["-u", SUPERUSER])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if !exists.is_ok_and(|s| s.success()) {
+                bail!(
+                    "as root, the demo runs Postgres as the `{SUPERUSER}` user, which does not exist: create it \
+                     (`useradd --system {SUPERUSER}`; `apt-get install postgresql` does) or run the demo as another user"
+                );
+            }
             run(Command::new("chown").arg(SUPERUSER).arg(&cluster.root))
                 .context("cannot hand the temp dir to the postgres user (as root, Postgres runs as `postgres`)")?;
         }
