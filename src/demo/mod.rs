@@ -1,9 +1,9 @@
 //! `pgfence demo`: the whole story in one command.
 //!
-//! Starts a throwaway Postgres from the installed server binaries ([`cluster`]), creates the
+//! Starts a throwaway Postgres from the installed server binaries (`demo::cluster`), creates the
 //! seed's tables (`leader_lease`, `sweep_state`), runs `pgfence init` for a fence on
 //! `sweep_state` coupled to the lease, starts the proxy in-process, and tells the story twice
-//! ([`scenario`]): once with the workers writing through pgfence (node-a's stale write is refused
+//! (`demo::scenario`): once with the workers writing through pgfence (node-a's stale write is refused
 //! with `PF001`), and once, as the control, writing straight to Postgres (node-a's stale write
 //! overwrites node-b's). Everything is stopped and removed at the end, on error and on Ctrl-C.
 //!
