@@ -18,12 +18,16 @@
 //! - [`sql`]: statement splitting and classification (which fenced tables a statement may write).
 //! - [`fence`]: the `Epoch` type, the decision policy, the guard SQL and `pgfence init`.
 //! - [`error`]: errors pgfence raises itself and their SQLSTATEs.
+//! - [`lease`]: the seed's lease on a Postgres row: leader election whose epoch is the fencing token.
+//! - [`demo`]: `pgfence demo`, the whole story against a throwaway Postgres.
 
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod fence;
+pub mod lease;
 pub mod protocol;
 pub mod server;
 pub mod session;

@@ -40,6 +40,8 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Show fencing at work: a throwaway Postgres, the proxy, two workers and a paused leader.
+    Demo,
     /// Validate a configuration file.
     CheckConfig {
         /// TOML configuration file.
@@ -50,8 +52,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo narrates on stdout; the proxy's routine INFO lines would only interleave with it.
+    let default_level = if matches!(cli.command, Command::Demo) { "warn" } else { "info" };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -103,6 +107,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             println!("{report}");
             Ok(())
         }
+        Command::Demo => pgfence::demo::run().await,
         Command::CheckConfig { config } => {
             let c = load(Some(&config), None, None)?;
             println!(

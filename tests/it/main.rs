@@ -1,11 +1,14 @@
 //! The one integration-test binary: every module shares one throwaway Postgres
 //! (`common::pg::Cluster::shared`) instead of starting a server per file.
 
+mod auth;
 mod common;
-mod harness;
+mod demo;
+mod docker;
 mod fencing;
-mod relay;
+mod harness;
+mod lease;
 mod raw_wire;
+mod relay;
 mod shutdown;
 mod tools;
-mod auth;

@@ -1,0 +1,101 @@
+//! `pgfence demo` as a user runs it: a subprocess whose output tells the story, checked for the
+//! fenced run's PF001 rejection and the control's corruption, and for its cleanup.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The contract says "well under a minute"; this is the hard stop for a hung demo.
+const DEMO_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `pgfence demo` with `env` added, killing it after [`DEMO_TIMEOUT`].
+fn run_demo(env: &[(&str, &str)]) -> (Output, Duration) {
+    let dir = crate::common::unique_temp_dir("pgfence-demo-test");
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    let started = Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgfence"));
+    cmd.arg("demo")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    let mut child = cmd.spawn().expect("spawn pgfence demo");
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > DEMO_TIMEOUT {
+            let _ = child.kill();
+            panic!("pgfence demo still running after {DEMO_TIMEOUT:?}:\n{}", read(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = Output {
+        status,
+        stdout: read(&out).into_bytes(),
+        stderr: read(&err).into_bytes(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    (output, started.elapsed())
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn demo_shows_the_stale_write_rejected_with_pf001_and_the_control_corrupted() {
+    let (output, took) = run_demo(&[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let context = format!("--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
+    assert!(output.status.success(), "demo failed ({}):\n{context}", output.status);
+    assert!(took < Duration::from_secs(60), "the demo took {took:?}:\n{context}");
+
+    // The fenced run: node-b takes over with epoch 2, node-a's write at epoch 1 is refused.
+    assert!(stdout.contains("node-b  acquired the lease: epoch 2"), "{context}");
+    assert!(
+        stdout.contains("UPDATE sweep_state at epoch 1: REJECTED, SQLSTATE PF001"),
+        "{context}"
+    );
+    assert!(
+        stdout.contains("ERROR:  pgfence: epoch 1 is stale for fence \"invoice-sweeper\" (current epoch 2)"),
+        "{context}"
+    );
+    assert!(
+        stdout.contains("with pgfence:    node-a's stale write was REJECTED with PF001"),
+        "{context}"
+    );
+    // The control: the same write without pgfence lands on top of node-b's.
+    assert!(stdout.contains("without pgfence: CORRUPTED"), "{context}");
+    assert!(
+        stdout.contains(" 1 | swept by node-b at epoch 2   | 2"),
+        "final fenced table:\n{context}"
+    );
+    assert!(
+        stdout.contains(" 1 | swept by node-a at epoch 1   | 1"),
+        "final control table:\n{context}"
+    );
+
+    // Cleanup: the temp dir it names is gone.
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("cleaned up:"))
+        .unwrap_or_else(|| panic!("{context}"));
+    let dir = line.rsplit(' ').next().unwrap();
+    assert!(
+        dir.starts_with('/') && !Path::new(dir).exists(),
+        "{dir} should be removed:\n{context}"
+    );
+}
+
+#[test]
+fn demo_without_server_binaries_says_how_to_get_them() {
+    let (output, _) = run_demo(&[("PG_BIN", "/nonexistent/pgfence-test/bin")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "must fail without binaries");
+    assert!(
+        stderr.contains("apt-get install postgresql") && stderr.contains("PG_BIN"),
+        "{stderr}"
+    );
+}
