@@ -151,7 +151,10 @@ impl RawConfig {
     /// Reads and parses a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: display.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: display.clone(),
+            source,
+        })?;
         Self::from_toml(&text).map_err(|e| match e {
             ConfigError::Syntax { message, .. } => ConfigError::Syntax { path: display, message },
             other => other,
@@ -160,7 +163,10 @@ impl RawConfig {
 
     /// Parses TOML text.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Syntax { path: "config".into(), message: e.to_string() })
+        toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: "config".into(),
+            message: e.to_string(),
+        })
     }
 
     /// Checks everything and produces the config pgfence runs with.
@@ -176,13 +182,27 @@ impl RawConfig {
         }
         let max_message_size = self.max_message_size.unwrap_or(DEFAULT_MAX_MESSAGE_SIZE);
         if !(1024..=1 << 30).contains(&max_message_size) {
-            return Err(invalid("max_message_size must be between 1024 and 1073741824 bytes".into()));
+            return Err(invalid(
+                "max_message_size must be between 1024 and 1073741824 bytes".into(),
+            ));
         }
         let shutdown_grace = seconds("shutdown_grace", self.shutdown_grace.unwrap_or(30.0))?;
         let connect_timeout = seconds("connect_timeout", self.connect_timeout.unwrap_or(5.0))?;
-        let fences = self.fences.into_iter().map(RawFence::validate).collect::<Result<Vec<_>, _>>()?;
+        let fences = self
+            .fences
+            .into_iter()
+            .map(RawFence::validate)
+            .collect::<Result<Vec<_>, _>>()?;
         check_fences(&fences)?;
-        Ok(Config { listen, upstream, max_client_conn, max_message_size, shutdown_grace, connect_timeout, fences })
+        Ok(Config {
+            listen,
+            upstream,
+            max_client_conn,
+            max_message_size,
+            shutdown_grace,
+            connect_timeout,
+            fences,
+        })
     }
 }
 
@@ -212,7 +232,14 @@ impl RawFence {
                 row: l.row.clone().unwrap_or_else(|| self.name.clone()),
             }),
         };
-        Ok(Fence { name: self.name, database: self.database, tables, mode: self.mode, epoch_column, lease })
+        Ok(Fence {
+            name: self.name,
+            database: self.database,
+            tables,
+            mode: self.mode,
+            epoch_column,
+            lease,
+        })
     }
 }
 
@@ -258,11 +285,15 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
 }
 
 fn check_host_port(field: &str, value: &str) -> Result<(), ConfigError> {
-    let ok = value.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    let ok = value
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::Invalid(format!("{field} = {value:?}: expected host:port, e.g. 127.0.0.1:6432")))
+        Err(ConfigError::Invalid(format!(
+            "{field} = {value:?}: expected host:port, e.g. 127.0.0.1:6432"
+        )))
     }
 }
 
@@ -270,7 +301,9 @@ fn seconds(field: &str, value: f64) -> Result<Duration, ConfigError> {
     if value.is_finite() && (0.0..=86_400.0).contains(&value) {
         Ok(Duration::from_secs_f64(value))
     } else {
-        Err(ConfigError::Invalid(format!("{field} must be a number of seconds between 0 and 86400")))
+        Err(ConfigError::Invalid(format!(
+            "{field} must be a number of seconds between 0 and 86400"
+        )))
     }
 }
 
@@ -307,7 +340,10 @@ mod tests {
     #[test]
     fn defaults_apply_to_an_empty_file() {
         let c = parse("").unwrap();
-        assert_eq!((c.listen.as_str(), c.upstream.as_str()), (DEFAULT_LISTEN, DEFAULT_UPSTREAM));
+        assert_eq!(
+            (c.listen.as_str(), c.upstream.as_str()),
+            (DEFAULT_LISTEN, DEFAULT_UPSTREAM)
+        );
         assert!(c.fences.is_empty());
     }
 
@@ -317,10 +353,22 @@ mod tests {
             ("lissen = \"x\"", "unknown field"),
             ("listen = \"nohost\"", "host:port"),
             ("[[fence]]\nname = \"a\"\ntables = []", "at least one table"),
-            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"rewrite\"", "epoch_column"),
-            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"sideways\"", "unknown variant"),
-            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"b\"\ntables = [\"public.t\"]", "at most one fence"),
-            ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"a\"\ntables = [\"u\"]", "twice"),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"rewrite\"",
+                "epoch_column",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"sideways\"",
+                "unknown variant",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"b\"\ntables = [\"public.t\"]",
+                "at most one fence",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"a\"\ntables = [\"u\"]",
+                "twice",
+            ),
             ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nbogus = 1", "unknown field"),
         ];
         for (text, expect) in cases {

@@ -98,7 +98,9 @@ impl ProxyError {
             ProxyError::InvalidStartupEpoch(_) => {
                 Some("pgfence.epoch must be an integer between 1 and 9223372036854775807.")
             }
-            ProxyError::UpstreamUnreachable(_) => Some("Check that the upstream Postgres in pgfence's config is running."),
+            ProxyError::UpstreamUnreachable(_) => {
+                Some("Check that the upstream Postgres in pgfence's config is running.")
+            }
             ProxyError::Protocol(_)
             | ProxyError::UpstreamLost
             | ProxyError::TooManyConnections

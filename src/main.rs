@@ -11,7 +11,11 @@ use pgfence::server::{Server, Shutdown};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "pgfence", version, about = "A PostgreSQL proxy that enforces fencing tokens on writes")]
+#[command(
+    name = "pgfence",
+    version,
+    about = "A PostgreSQL proxy that enforces fencing tokens on writes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -53,7 +57,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo narrates on stdout; the proxy's routine INFO lines would only interleave with it.
-    let default_level = if matches!(cli.command, Command::Demo) { "warn" } else { "info" };
+    let default_level = if matches!(cli.command, Command::Demo) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .with_writer(std::io::stderr)
@@ -86,9 +94,15 @@ fn load(path: Option<&PathBuf>, listen: Option<String>, upstream: Option<String>
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve { config, listen, upstream } => {
+        Command::Serve {
+            config,
+            listen,
+            upstream,
+        } => {
             let config = Arc::new(load(config.as_ref(), listen, upstream)?);
-            let server = Server::bind(config.clone()).await.with_context(|| format!("cannot listen on {}", config.listen))?;
+            let server = Server::bind(config.clone())
+                .await
+                .with_context(|| format!("cannot listen on {}", config.listen))?;
             let shutdown = Shutdown::default();
             tokio::spawn(signals(shutdown.clone()));
             server.run(shutdown).await;

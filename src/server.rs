@@ -121,7 +121,11 @@ impl ServerContext {
             }
             let secret = rand::random::<i32>();
             keys.insert(pid, CancelEntry { secret, upstream });
-            return CancelKeyGuard { pid, secret, keys: self.cancel_keys.clone() };
+            return CancelKeyGuard {
+                pid,
+                secret,
+                keys: self.cancel_keys.clone(),
+            };
         }
     }
 
@@ -130,7 +134,9 @@ impl ServerContext {
     pub async fn cancel(&self, pid: i32, secret: i32) {
         let target = {
             let keys = self.cancel_keys.lock().unwrap_or_else(|p| p.into_inner());
-            keys.get(&pid).filter(|e| constant_time_eq(e.secret, secret)).map(|e| e.upstream)
+            keys.get(&pid)
+                .filter(|e| constant_time_eq(e.secret, secret))
+                .map(|e| e.upstream)
         };
         let Some(upstream) = target else {
             info!(pid, "cancel request with an unknown key ignored");
@@ -157,7 +163,11 @@ impl ServerContext {
 /// Compares secrets without an early exit on the first differing byte, so
 /// response timing tells an attacker nothing about a guessed key.
 fn constant_time_eq(a: i32, b: i32) -> bool {
-    let diff = a.to_be_bytes().iter().zip(b.to_be_bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    let diff = a
+        .to_be_bytes()
+        .iter()
+        .zip(b.to_be_bytes())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }
 
@@ -219,7 +229,11 @@ impl Server {
             }
         }
         drop(self.listener);
-        info!(sessions = tracker.len(), last_session = next_id, "listener closed; waiting for sessions");
+        info!(
+            sessions = tracker.len(),
+            last_session = next_id,
+            "listener closed; waiting for sessions"
+        );
         tracker.close();
         tracker.wait().await;
         info!("pgfence stopped");

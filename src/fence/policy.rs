@@ -60,7 +60,11 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
     let name = |id: FenceId| names.get(usize::from(id.0)).map_or("?", String::as_str);
     let fences = match access {
         Access::Unanalysable(fences) => {
-            let list = fences.iter().map(|&f| format!("\"{}\"", name(f))).collect::<Vec<_>>().join(", ");
+            let list = fences
+                .iter()
+                .map(|&f| format!("\"{}\"", name(f)))
+                .collect::<Vec<_>>()
+                .join(", ");
             return Decision::Reject(Rejection {
                 code: sqlstate::UNANALYSABLE,
                 message: format!(
@@ -74,53 +78,63 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
         Access::Write(fences) => fences,
     };
     let session_fence = match declared.fence_name {
-        Some(n) => names.iter().position(|x| x == n).map(|i| FenceId(i as u16)).filter(|f| applicable.contains(f)),
+        Some(n) => names
+            .iter()
+            .position(|x| x == n)
+            .map(|i| FenceId(i as u16))
+            .filter(|f| applicable.contains(f)),
         None if applicable.len() == 1 => Some(applicable[0]),
         None => None,
     };
-    for &fence in fences {
-        let no_epoch = |message: String, hint: &str| Decision::Reject(Rejection {
+    let no_epoch = |message: String, hint: &str| {
+        Decision::Reject(Rejection {
             code: sqlstate::NO_EPOCH,
             message,
             hint: hint.to_owned(),
+        })
+    };
+    // Check every fence the statement may write before granting the guard: one
+    // statement can touch tables of several fences, and the session holds one epoch.
+    let Some(&first) = fences.first() else {
+        return Decision::Reject(Rejection {
+            code: sqlstate::UNANALYSABLE,
+            message: "pgfence: statement cannot be analysed".into(),
+            hint: String::new(),
         });
-        let Some(epoch) = declared.epoch else {
-            return no_epoch(
-                format!("pgfence: write to fence \"{}\" without an epoch", name(fence)),
-                "Declare the lease epoch: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
-            );
+    };
+    let Some(epoch) = declared.epoch else {
+        return no_epoch(
+            format!("pgfence: write to fence \"{}\" without an epoch", name(first)),
+            "Declare the lease epoch: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
+        );
+    };
+    let Some(session_fence) = session_fence else {
+        let detail = match declared.fence_name {
+            Some(n) => format!("the session's pgfence.fence \"{n}\" is not a configured fence here"),
+            None => "several fences are configured and pgfence.fence is not set".to_owned(),
         };
-        match session_fence {
-            Some(f) if f == fence => return Decision::Guard { fence, epoch },
-            Some(f) => {
-                return no_epoch(
-                    format!(
-                        "pgfence: write to fence \"{}\" without an epoch for it (the session's epoch {epoch} is for \
-                         fence \"{}\")",
-                        name(fence),
-                        name(f)
-                    ),
-                    "A session holds one epoch for one fence; write each fence's tables from its own session.",
-                );
-            }
-            None => {
-                let detail = match declared.fence_name {
-                    Some(n) => format!("the session's pgfence.fence \"{n}\" is not a configured fence here"),
-                    None => "several fences are configured and pgfence.fence is not set".to_owned(),
-                };
-                return no_epoch(
-                    format!("pgfence: write to fence \"{}\" without an epoch for it: {detail}", name(fence)),
-                    "Set pgfence.fence to the fence's name together with pgfence.epoch.",
-                );
-            }
-        }
+        return no_epoch(
+            format!(
+                "pgfence: write to fence \"{}\" without an epoch for it: {detail}",
+                name(first)
+            ),
+            "Set pgfence.fence to the fence's name together with pgfence.epoch.",
+        );
+    };
+    if let Some(&other) = fences.iter().find(|&&f| f != session_fence) {
+        return no_epoch(
+            format!(
+                "pgfence: write to fence \"{}\" without an epoch for it (the session's epoch {epoch} is for fence \"{}\")",
+                name(other),
+                name(session_fence)
+            ),
+            "A session holds one epoch for one fence; write each fence's tables from its own session.",
+        );
     }
-    // Access::Write with no fences never reaches the policy; treat it as unanalysable.
-    Decision::Reject(Rejection {
-        code: sqlstate::UNANALYSABLE,
-        message: "pgfence: statement cannot be analysed".into(),
-        hint: String::new(),
-    })
+    Decision::Guard {
+        fence: session_fence,
+        epoch,
+    }
 }
 
 #[cfg(test)]
@@ -149,7 +163,8 @@ mod tests {
     fn decision_table() {
         let one = [A];
         let both = [A, B];
-        let cases: &[(Access<'_>, Option<u64>, Option<&str>, &[FenceId], &str)] = &[
+        type Case<'a> = (Access<'a>, Option<u64>, Option<&'a str>, &'a [FenceId], &'a str);
+        let cases: &[Case<'_>] = &[
             (Access::Write(&[A]), Some(3), None, &one, "guard"),
             (Access::Write(&[A]), None, None, &one, "PF002"),
             (Access::Unanalysable(&[A]), Some(3), None, &one, "PF004"),
@@ -162,7 +177,10 @@ mod tests {
             (Access::Write(&[A]), None, Some("a"), &both, "PF002"),
         ];
         for (i, (access, e, fence, applicable, expect)) in cases.iter().enumerate() {
-            let declared = Declared { epoch: e.and_then(epoch), fence_name: *fence };
+            let declared = Declared {
+                epoch: e.and_then(epoch),
+                fence_name: *fence,
+            };
             let d = decide(*access, declared, &names(), applicable);
             assert_eq!(code(&d), *expect, "case {i}: {d:?}");
         }
@@ -170,13 +188,35 @@ mod tests {
 
     #[test]
     fn guard_carries_the_declared_epoch() {
-        let d = decide(Access::Write(&[A]), Declared { epoch: epoch(7), fence_name: None }, &names(), &[A]);
-        assert_eq!(d, Decision::Guard { fence: A, epoch: epoch(7).unwrap() });
+        let d = decide(
+            Access::Write(&[A]),
+            Declared {
+                epoch: epoch(7),
+                fence_name: None,
+            },
+            &names(),
+            &[A],
+        );
+        assert_eq!(
+            d,
+            Decision::Guard {
+                fence: A,
+                epoch: epoch(7).unwrap()
+            }
+        );
     }
 
     #[test]
     fn several_fences_message_says_to_set_pgfence_fence() {
-        let d = decide(Access::Write(&[A]), Declared { epoch: epoch(1), fence_name: None }, &names(), &[A, B]);
+        let d = decide(
+            Access::Write(&[A]),
+            Declared {
+                epoch: epoch(1),
+                fence_name: None,
+            },
+            &names(),
+            &[A, B],
+        );
         let Decision::Reject(r) = d else { panic!() };
         assert!(r.message.contains("pgfence.fence"), "{}", r.message);
     }

@@ -7,7 +7,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use pgwire::messages::Message;
-use pgwire::messages::extendedquery::{Bind, Close, Execute, Parse, TARGET_TYPE_BYTE_PORTAL, TARGET_TYPE_BYTE_STATEMENT};
+use pgwire::messages::extendedquery::{
+    Bind, Close, Execute, Parse, TARGET_TYPE_BYTE_PORTAL, TARGET_TYPE_BYTE_STATEMENT,
+};
 use pgwire::messages::response::ErrorResponse;
 use pgwire::messages::startup::{BackendKeyData, NegotiateProtocolVersion, SecretKey};
 
@@ -42,8 +44,20 @@ pub fn parse(out: &mut BytesMut, name: &str, sql: &str, type_oids: Vec<u32>) {
 
 /// Appends a Bind of `statement` to `portal` with text-format parameters.
 pub fn bind_text(out: &mut BytesMut, portal: &str, statement: &str, params: &[Option<&str>]) {
-    let params = params.iter().map(|p| p.map(|s| Bytes::copy_from_slice(s.as_bytes()))).collect();
-    encode(out, &Bind::new(Some(portal.to_owned()), Some(statement.to_owned()), vec![], params, vec![]));
+    let params = params
+        .iter()
+        .map(|p| p.map(|s| Bytes::copy_from_slice(s.as_bytes())))
+        .collect();
+    encode(
+        out,
+        &Bind::new(
+            Some(portal.to_owned()),
+            Some(statement.to_owned()),
+            vec![],
+            params,
+            vec![],
+        ),
+    );
 }
 
 /// Appends an Execute of `portal` fetching all rows.
@@ -90,7 +104,7 @@ mod tests {
     fn error_response_layout() {
         let mut out = BytesMut::new();
         error_response(&mut out, "FATAL", "08P01", "bad", None);
-        let expected: &[u8] = b"E\0\0\0\x22SFATAL\0VFATAL\0C08P01\0Mbad\0\0";
+        let expected: &[u8] = b"E\0\0\0\x1fSFATAL\0VFATAL\0C08P01\0Mbad\0\0";
         assert_eq!(&out[..], expected);
     }
 

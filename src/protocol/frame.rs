@@ -40,7 +40,10 @@ pub fn peek_header(buf: &[u8]) -> Result<Option<Header>, FrameError> {
     if len < 4 {
         return Err(FrameError::BadLength(len));
     }
-    Ok(Some(Header { tag: head[0], body_len: len as usize - 4 }))
+    Ok(Some(Header {
+        tag: head[0],
+        body_len: len as usize - 4,
+    }))
 }
 
 /// A cursor over a message body for reading C strings and integers, failing
@@ -120,7 +123,10 @@ mod tests {
     #[test]
     fn header_needs_five_bytes() {
         assert_eq!(peek_header(b"Q\0\0\0").unwrap(), None);
-        assert_eq!(peek_header(b"Q\0\0\0\x09abc").unwrap(), Some(Header { tag: b'Q', body_len: 5 }));
+        assert_eq!(
+            peek_header(b"Q\0\0\0\x09abc").unwrap(),
+            Some(Header { tag: b'Q', body_len: 5 })
+        );
     }
 
     #[test]

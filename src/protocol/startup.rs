@@ -88,7 +88,10 @@ pub fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, StartupError> {
                 return Err(StartupError::UnsupportedProtocol(major, minor));
             }
             let params = parse_params(b)?;
-            Ok(FirstPacket::Startup(StartupMessage { minor: minor as u16, params }))
+            Ok(FirstPacket::Startup(StartupMessage {
+                minor: minor as u16,
+                params,
+            }))
         }
     }
 }
@@ -117,7 +120,11 @@ impl StartupMessage {
 
     /// The `_pq_.` protocol options pgfence does not support (it supports none).
     pub fn protocol_options(&self) -> Vec<String> {
-        self.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.clone()).collect()
+        self.params
+            .iter()
+            .filter(|(k, _)| k.starts_with("_pq_."))
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// The packet pgfence sends upstream: protocol 3.0, without `_pq_.` options
@@ -153,10 +160,8 @@ impl StartupMessage {
             let setting = if w == "-c" {
                 i += 1;
                 words.get(i).map(String::as_str)
-            } else if let Some(s) = w.strip_prefix("-c").or_else(|| w.strip_prefix("--")) {
-                Some(s)
             } else {
-                None
+                w.strip_prefix("-c").or_else(|| w.strip_prefix("--"))
             };
             if let Some((k, v)) = setting.and_then(|s| s.split_once('=')) {
                 // Postgres treats '-' in option names as '_'.
@@ -208,36 +213,55 @@ mod tests {
     #[test]
     fn startup_round_trips() {
         let body = startup(&[("user", "u"), ("database", "d")]);
-        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else { panic!() };
+        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else {
+            panic!()
+        };
         assert_eq!(m.get("user"), Some("u"));
         assert_eq!(m.get("database"), Some("d"));
     }
 
     #[test]
     fn special_requests_are_recognised() {
-        assert_eq!(parse_first_packet(&SSL_REQUEST.to_be_bytes()).unwrap(), FirstPacket::SslRequest);
-        assert_eq!(parse_first_packet(&GSSENC_REQUEST.to_be_bytes()).unwrap(), FirstPacket::GssEncRequest);
+        assert_eq!(
+            parse_first_packet(&SSL_REQUEST.to_be_bytes()).unwrap(),
+            FirstPacket::SslRequest
+        );
+        assert_eq!(
+            parse_first_packet(&GSSENC_REQUEST.to_be_bytes()).unwrap(),
+            FirstPacket::GssEncRequest
+        );
         let mut cancel = CANCEL_REQUEST.to_be_bytes().to_vec();
         cancel.extend(7i32.to_be_bytes());
         cancel.extend((-9i32).to_be_bytes());
-        assert_eq!(parse_first_packet(&cancel).unwrap(), FirstPacket::Cancel { pid: 7, secret: -9 });
+        assert_eq!(
+            parse_first_packet(&cancel).unwrap(),
+            FirstPacket::Cancel { pid: 7, secret: -9 }
+        );
     }
 
     #[test]
     fn malformed_startups_are_refused() {
         let mut v2 = (2u32 << 16).to_be_bytes().to_vec();
         v2.push(0);
-        assert!(matches!(parse_first_packet(&v2), Err(StartupError::UnsupportedProtocol(2, 0))));
+        assert!(matches!(
+            parse_first_packet(&v2),
+            Err(StartupError::UnsupportedProtocol(2, 0))
+        ));
         let mut unterminated = (3u32 << 16).to_be_bytes().to_vec();
         unterminated.extend(b"user\0bob");
-        assert!(matches!(parse_first_packet(&unterminated), Err(StartupError::Malformed)));
+        assert!(matches!(
+            parse_first_packet(&unterminated),
+            Err(StartupError::Malformed)
+        ));
         assert!(parse_first_packet(&[1, 2]).is_err());
     }
 
     #[test]
     fn options_are_split_like_postgres() {
         let body = startup(&[("options", "-c pgfence.epoch=7 --search-path=a\\ b -cwork_mem=1MB")]);
-        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else { panic!() };
+        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else {
+            panic!()
+        };
         assert_eq!(
             m.option_settings(),
             vec![

@@ -32,8 +32,17 @@ impl DbFences {
             }
         }
         let names = config.iter().map(|f| f.name.clone()).collect();
-        let lease_tables = config.iter().map(|f| f.lease.as_ref().map(|l| l.table.to_string())).collect();
-        Self { config, names, applicable, lease_tables, analyzer: Mutex::new(Analyzer::new(FenceSet::new(tables))) }
+        let lease_tables = config
+            .iter()
+            .map(|f| f.lease.as_ref().map(|l| l.table.to_string()))
+            .collect();
+        Self {
+            config,
+            names,
+            applicable,
+            lease_tables,
+            analyzer: Mutex::new(Analyzer::new(FenceSet::new(tables))),
+        }
     }
 
     /// Analyses a statement (cached by text).

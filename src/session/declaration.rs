@@ -56,12 +56,28 @@ mod tests {
 
     #[test]
     fn values_are_read_as_postgres_reads_bigint() {
-        for (sql, n) in [("SET pgfence.epoch = 5", 5), ("SET pgfence.epoch TO '+5'", 5), ("set pgfence.epoch = 05", 5)] {
-            assert_eq!(run(sql), Ok(Effect::Epoch(Scope::Session, Some(Epoch::parse(&n.to_string()).unwrap()))));
+        for (sql, n) in [
+            ("SET pgfence.epoch = 5", 5),
+            ("SET pgfence.epoch TO '+5'", 5),
+            ("set pgfence.epoch = 05", 5),
+        ] {
+            assert_eq!(
+                run(sql),
+                Ok(Effect::Epoch(
+                    Scope::Session,
+                    Some(Epoch::parse(&n.to_string()).unwrap())
+                ))
+            );
         }
-        assert!(matches!(run("SET LOCAL pgfence.epoch = 7"), Ok(Effect::Epoch(Scope::Local, Some(_)))));
+        assert!(matches!(
+            run("SET LOCAL pgfence.epoch = 7"),
+            Ok(Effect::Epoch(Scope::Local, Some(_)))
+        ));
         assert_eq!(run("RESET pgfence.epoch"), Ok(Effect::Epoch(Scope::Session, None)));
-        assert_eq!(run("SET pgfence.epoch = DEFAULT"), Ok(Effect::Epoch(Scope::Session, None)));
+        assert_eq!(
+            run("SET pgfence.epoch = DEFAULT"),
+            Ok(Effect::Epoch(Scope::Session, None))
+        );
     }
 
     #[test]

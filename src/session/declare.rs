@@ -38,14 +38,24 @@ pub enum Scope {
 
 impl<T> Default for Setting<T> {
     fn default() -> Self {
-        Self { startup: None, session: None, tentative: None, local: None }
+        Self {
+            startup: None,
+            session: None,
+            tentative: None,
+            local: None,
+        }
     }
 }
 
 impl<T: Clone> Setting<T> {
     /// A setting whose connection-time value is `startup`.
     pub fn with_startup(startup: Option<T>) -> Self {
-        Self { startup: startup.clone(), session: startup, tentative: None, local: None }
+        Self {
+            startup: startup.clone(),
+            session: startup,
+            tentative: None,
+            local: None,
+        }
     }
 
     /// The value in force now.
@@ -96,7 +106,10 @@ pub struct Declarations {
 impl Declarations {
     /// Declarations from the startup packet.
     pub fn from_startup(epoch: Option<Epoch>, fence: Option<String>) -> Self {
-        Self { epoch: Setting::with_startup(epoch), fence: Setting::with_startup(fence) }
+        Self {
+            epoch: Setting::with_startup(epoch),
+            fence: Setting::with_startup(fence),
+        }
     }
 
     /// The transaction ended: committed or rolled back.
@@ -162,6 +175,9 @@ mod tests {
         d.end_transaction(true);
         d.reset_all();
         d.end_transaction(true);
-        assert_eq!((d.epoch.current(), d.fence.current().map(String::as_str)), (None, Some("f")));
+        assert_eq!(
+            (d.epoch.current(), d.fence.current().map(String::as_str)),
+            (None, Some("f"))
+        );
     }
 }

@@ -42,7 +42,12 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// A dispatcher for a session on a database with these fences.
     pub fn new(fences: Arc<DbFences>, declared: Declarations) -> Self {
-        Self { fences, speculative: declared, sql_prepared: HashMap::new(), sent: 0 }
+        Self {
+            fences,
+            speculative: declared,
+            sql_prepared: HashMap::new(),
+            sent: 0,
+        }
     }
 
     /// Called before each client message is handled.
@@ -60,7 +65,10 @@ impl Dispatcher {
         self.sent += 1;
         let analysis = self.fences.analyze(sql);
         if analysis.statements.iter().all(|s| matches!(s.kind, StmtKind::Other)) {
-            shared.pending.push_back(Unit::Query { parts: Vec::new(), done: 0 });
+            shared.pending.push_back(Unit::Query {
+                parts: Vec::new(),
+                done: 0,
+            });
             return None;
         }
         let mut parts = Vec::with_capacity(analysis.statements.len() + 1);
@@ -69,7 +77,10 @@ impl Dispatcher {
         let mut changed = false;
         let single = analysis.statements.len() == 1;
         for stmt in &analysis.statements {
-            let mut part = Part { injected: None, effect: None };
+            let mut part = Part {
+                injected: None,
+                effect: None,
+            };
             self.note_sql_prepare(&stmt.kind);
             match self.need(&stmt.kind) {
                 Need::None => {}
@@ -80,7 +91,10 @@ impl Dispatcher {
                         text.push(';');
                         copied = stmt.span.start;
                         changed = true;
-                        parts.push(Part { injected: Some(injected), effect: None });
+                        parts.push(Part {
+                            injected: Some(injected),
+                            effect: None,
+                        });
                     }
                 }
             }
@@ -102,7 +116,10 @@ impl Dispatcher {
             parts.push(part);
         }
         if changed && !exact {
-            shared.pending.push_back(Unit::Query { parts: Vec::new(), done: 0 });
+            shared.pending.push_back(Unit::Query {
+                parts: Vec::new(),
+                done: 0,
+            });
             return Some(raise_block(&Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
                 message: "pgfence: statement is not valid UTF-8 and may write a fenced table; refused".into(),
@@ -127,7 +144,10 @@ impl Dispatcher {
                     return None;
                 }
                 let (name, lease) = self.fence_args(fence);
-                Some((Injected::Guard(fence, epoch), guard_sql::guard_call(name, epoch, lease, self.keeps_hwm(fence))))
+                Some((
+                    Injected::Guard(fence, epoch),
+                    guard_sql::guard_call(name, epoch, lease, self.keeps_hwm(fence)),
+                ))
             }
             Decision::Reject(r) => Some((Injected::Reject, guard_sql::reject_call(r.code, &r.message, &r.hint))),
         }
@@ -215,9 +235,11 @@ impl Dispatcher {
                 let params = guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec();
                 (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
             }
-            Decision::Reject(r) => {
-                (OwnStatement::Reject, Injected::Reject, vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint)])
-            }
+            Decision::Reject(r) => (
+                OwnStatement::Reject,
+                Injected::Reject,
+                vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint)],
+            ),
         };
         let name = own.name();
         let prepared = shared.own.get(&own).copied().unwrap_or_default();
@@ -303,7 +325,10 @@ impl Dispatcher {
 
     fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {
         let f = &self.fences.config[usize::from(fence.0)];
-        (f.name.as_str(), self.fences.lease_tables[usize::from(fence.0)].as_deref())
+        (
+            f.name.as_str(),
+            self.fences.lease_tables[usize::from(fence.0)].as_deref(),
+        )
     }
 
     fn keeps_hwm(&self, fence: FenceId) -> bool {

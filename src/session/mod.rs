@@ -56,7 +56,13 @@ pub async fn serve(client: TcpStream, peer: SocketAddr, id: u64, ctx: Arc<Server
 }
 
 async fn relay_session(est: startup::Established, ctx: &ServerContext) {
-    let startup::Established { mut client, mut upstream, declared, fences, _cancel_key } = est;
+    let startup::Established {
+        mut client,
+        mut upstream,
+        declared,
+        fences,
+        _cancel_key,
+    } = est;
     let mut disp = Dispatcher::new(fences, declared.clone());
     let shared = Mutex::new(Shared::new(declared));
     let (mut cr, mut cw) = client.split();

@@ -58,7 +58,10 @@ struct Emitter {
 
 impl Emitter {
     fn new() -> Self {
-        Self { out: BytesMut::new(), copying: false }
+        Self {
+            out: BytesMut::new(),
+            copying: false,
+        }
     }
 
     fn start_copying(&mut self, buf: &[u8], pos: usize) {
@@ -149,7 +152,10 @@ where
                 let total = h.total_len();
                 let whole = match h.tag {
                     b'Q' | b'P' if h.body_len > max_message => {
-                        return End::ClientProtocol(format!("message of {} bytes exceeds max_message_size", h.body_len));
+                        return End::ClientProtocol(format!(
+                            "message of {} bytes exceeds max_message_size",
+                            h.body_len
+                        ));
                     }
                     b'Q' | b'P' => total,
                     b'B' => total.min(HEADER_LEN + BIND_PREFIX),
@@ -272,7 +278,11 @@ fn handle_client_message(
             body.i32().ok_or_else(malformed)?;
             let mut out = BytesMut::new();
             disp.on_execute(st, portal, &mut out);
-            Ok(if out.is_empty() { Action::Forward } else { Action::Prefix(out) })
+            Ok(if out.is_empty() {
+                Action::Forward
+            } else {
+                Action::Prefix(out)
+            })
         }
         b'C' | b'D' => {
             let kind = body.u8().ok_or_else(malformed)?;
@@ -372,7 +382,11 @@ where
             buf.reserve(need);
         }
         match fill(ur, &mut buf).await {
-            Ok(0) => return End::UpstreamGone { after_error: last_error },
+            Ok(0) => {
+                return End::UpstreamGone {
+                    after_error: last_error,
+                };
+            }
             Ok(_) => {}
             Err(e) => return End::Io(e),
         }

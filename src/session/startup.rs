@@ -44,9 +44,13 @@ pub struct Established {
 /// ended with an error already reported to the client.
 pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Option<Established>, StartupError> {
     match tokio::time::timeout(STARTUP_TIMEOUT, establish_inner(&mut client, ctx)).await {
-        Ok(Ok(Some((upstream, declared, fences, key)))) => {
-            Ok(Some(Established { client, upstream, declared, fences, _cancel_key: key }))
-        }
+        Ok(Ok(Some((upstream, declared, fences, key)))) => Ok(Some(Established {
+            client,
+            upstream,
+            declared,
+            fences,
+            _cancel_key: key,
+        })),
         Ok(Ok(None)) => Ok(None),
         Ok(Err(e)) => {
             if let Some(err) = report(&e) {
@@ -84,7 +88,11 @@ async fn establish_inner(client: &mut TcpStream, ctx: &ServerContext) -> Result<
         }
     };
     let user = startup.get("user").unwrap_or_default().to_owned();
-    let database = startup.get("database").filter(|d| !d.is_empty()).unwrap_or(&user).to_owned();
+    let database = startup
+        .get("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(&user)
+        .to_owned();
     let span = tracing::Span::current();
     span.record("user", user.as_str());
     span.record("db", database.as_str());
@@ -184,7 +192,9 @@ async fn relay_auth(
                 client.write_all(&msg).await?;
                 // Postgres always sends BackendKeyData for normal sessions; without it
                 // cancel requests for this session simply find nothing.
-                return Ok(Some(key.unwrap_or_else(|| ctx.register_cancel(UpstreamKey { pid: 0, secret: 0 }))));
+                return Ok(Some(
+                    key.unwrap_or_else(|| ctx.register_cancel(UpstreamKey { pid: 0, secret: 0 })),
+                ));
             }
             b'E' => {
                 client.write_all(&msg).await?;
@@ -199,7 +209,9 @@ async fn relay_auth(
 async fn read_message(s: &mut TcpStream) -> Result<(u8, BytesMut), StartupError> {
     let mut head = [0u8; HEADER_LEN];
     s.read_exact(&mut head).await?;
-    let h = peek_header(&head).map_err(|_| StartupError::Malformed)?.ok_or(StartupError::Malformed)?;
+    let h = peek_header(&head)
+        .map_err(|_| StartupError::Malformed)?
+        .ok_or(StartupError::Malformed)?;
     if h.body_len > AUTH_MESSAGE_MAX {
         return Err(StartupError::BadLength);
     }

@@ -160,7 +160,11 @@ pub struct Shared {
 impl Shared {
     /// New state for a session with these startup declarations.
     pub fn new(declared: Declarations) -> Self {
-        Self { tx_status: b'I', declared, ..Self::default() }
+        Self {
+            tx_status: b'I',
+            declared,
+            ..Self::default()
+        }
     }
 
     /// Whether a guard for `(fence, epoch)` already holds its locks in the
@@ -169,7 +173,10 @@ impl Shared {
     pub fn guard_still_held(&self, fence: FenceId, epoch: Epoch) -> bool {
         self.tx_status == b'T'
             && self.guarded == Some((fence, epoch))
-            && self.pending.iter().all(|u| matches!(u, Unit::Parse(_) | Unit::Bind(_) | Unit::Describe | Unit::Close(_)))
+            && self
+                .pending
+                .iter()
+                .all(|u| matches!(u, Unit::Parse(_) | Unit::Bind(_) | Unit::Describe | Unit::Close(_)))
     }
 
     /// Classifies one server message. `body` is given for `Z`, `C` and `E`
@@ -226,7 +233,11 @@ impl Shared {
                         if let Some(Injected::Prepare(s)) = inj {
                             self.own.insert(s, Prepared::Yes);
                         }
-                        if inj.is_some() { Verdict::Swallow } else { Verdict::Forward }
+                        if inj.is_some() {
+                            Verdict::Swallow
+                        } else {
+                            Verdict::Forward
+                        }
                     }
                     b'E' => self.extended_error(inj, body),
                     _ => Verdict::Forward,
@@ -252,7 +263,11 @@ impl Shared {
                         if let Unit::Execute(_, slot) = front {
                             *slot = effect;
                         }
-                        if inj.is_some() { Verdict::Swallow } else { Verdict::Forward }
+                        if inj.is_some() {
+                            Verdict::Swallow
+                        } else {
+                            Verdict::Forward
+                        }
                     }
                 }
             }
@@ -260,7 +275,13 @@ impl Shared {
     }
 
     /// A statement completed (`C`, `I` or `s`).
-    fn on_complete(&mut self, tag: u8, body: Option<&[u8]>, injected: Option<Injected>, effect: Option<Effect>) -> Verdict {
+    fn on_complete(
+        &mut self,
+        tag: u8,
+        body: Option<&[u8]>,
+        injected: Option<Injected>,
+        effect: Option<Effect>,
+    ) -> Verdict {
         if let Some(Injected::Guard(fence, epoch)) = injected {
             self.guarded = Some((fence, epoch));
         }
@@ -271,7 +292,11 @@ impl Shared {
                 self.apply(effect);
             }
         }
-        if injected.is_some() { Verdict::Swallow } else { Verdict::Forward }
+        if injected.is_some() {
+            Verdict::Swallow
+        } else {
+            Verdict::Forward
+        }
     }
 
     fn on_command_tag(&mut self, command: &[u8]) {
@@ -363,7 +388,9 @@ impl Shared {
                 "ERROR",
                 sqlstate::NOT_INITIALISED,
                 "pgfence: the database has no pgfence schema; fenced writes are refused",
-                Some("Run `pgfence init --database-url <url of this database>` (with --config to install lease triggers)."),
+                Some(
+                    "Run `pgfence init --database-url <url of this database>` (with --config to install lease triggers).",
+                ),
             );
             return Verdict::Replace(out);
         }

@@ -28,7 +28,12 @@ async fn every_auth_method_passes_through() {
         ])
         .await;
     let proxy = Proxy::start(cluster.port(), "").await;
-    for (user, password) in [("md5user", "md5secret"), ("pwuser", "pwsecret"), ("scramuser", "scramsecret"), ("trustuser", "")] {
+    for (user, password) in [
+        ("md5user", "md5secret"),
+        ("pwuser", "pwsecret"),
+        ("scramuser", "scramsecret"),
+        ("trustuser", ""),
+    ] {
         let mut c = config(proxy.port(), "postgres");
         c.user(user);
         if !password.is_empty() {
@@ -39,7 +44,10 @@ async fn every_auth_method_passes_through() {
         assert_eq!(who, user);
         if !password.is_empty() {
             c.password("wrong");
-            let err = connect_config(&c).await.err().unwrap_or_else(|| panic!("{user} with a wrong password"));
+            let err = connect_config(&c)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{user} with a wrong password"));
             assert_eq!(err.code().map(|c| c.code()), Some("28P01"), "{user}: {err}");
         }
     }

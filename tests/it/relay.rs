@@ -25,9 +25,21 @@ async fn simple_and_extended_queries_round_trip() {
     let (_, db, proxy) = setup().await;
     let c = connect(proxy.port(), &db, "").await;
     let msgs = c.simple_query("SELECT 1 AS a, 'x' AS b; SELECT 2").await.unwrap();
-    let rows: Vec<_> = msgs.iter().filter_map(|m| if let SimpleQueryMessage::Row(r) = m { Some(r.get(0)) } else { None }).collect();
+    let rows: Vec<_> = msgs
+        .iter()
+        .filter_map(|m| {
+            if let SimpleQueryMessage::Row(r) = m {
+                Some(r.get(0))
+            } else {
+                None
+            }
+        })
+        .collect();
     assert_eq!(rows, [Some("1"), Some("2")]);
-    let row = c.query_one("SELECT $1::int + 1, $2::text", &[&41i32, &"hé"]).await.unwrap();
+    let row = c
+        .query_one("SELECT $1::int + 1, $2::text", &[&41i32, &"hé"])
+        .await
+        .unwrap();
     assert_eq!((row.get::<_, i32>(0), row.get::<_, String>(1)), (42, "hé".to_owned()));
     c.simple_query("").await.unwrap();
     let empty = c.simple_query(";").await.unwrap();
@@ -63,7 +75,9 @@ async fn pipelined_queries_answer_in_order() {
 async fn copy_in_and_out_of_10_mb() {
     let (_, db, proxy) = setup().await;
     let c = connect(proxy.port(), &db, "").await;
-    c.batch_execute("CREATE TABLE blob (id int, payload text)").await.unwrap();
+    c.batch_execute("CREATE TABLE blob (id int, payload text)")
+        .await
+        .unwrap();
     let line = format!("{}\n", "x".repeat(1000));
     let sink = c.copy_in("COPY blob (payload) FROM STDIN").await.unwrap();
     pin_mut!(sink);
@@ -96,7 +110,10 @@ async fn listen_notify_across_two_sessions() {
     listener.batch_execute("LISTEN jobs").await.unwrap();
     let other = connect(proxy.port(), &db, "").await;
     other.batch_execute("NOTIFY jobs, 'hello'").await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got, ("jobs".to_owned(), "hello".to_owned()));
 }
 
@@ -121,11 +138,22 @@ async fn cancel_request_stops_a_long_query() {
 async fn errors_keep_their_sqlstate_and_the_session_stays_usable() {
     let (_, db, proxy) = setup().await;
     let c = connect(proxy.port(), &db, "").await;
-    c.batch_execute("CREATE TABLE u (id int PRIMARY KEY); INSERT INTO u VALUES (1)").await.unwrap();
+    c.batch_execute("CREATE TABLE u (id int PRIMARY KEY); INSERT INTO u VALUES (1)")
+        .await
+        .unwrap();
     assert_eq!(sqlstate(c.execute("INSERT INTO u VALUES (1)", &[]).await), "23505");
     assert_eq!(sqlstate(c.batch_execute("SELECT * FROM missing").await), "42P01");
-    assert_eq!(sqlstate(c.query("SELECT * FROM missing WHERE x = $1", &[&1i32]).await), "42P01");
-    assert_eq!(c.query_one("SELECT count(*) FROM u", &[]).await.unwrap().get::<_, i64>(0), 1);
+    assert_eq!(
+        sqlstate(c.query("SELECT * FROM missing WHERE x = $1", &[&1i32]).await),
+        "42P01"
+    );
+    assert_eq!(
+        c.query_one("SELECT count(*) FROM u", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        1
+    );
 }
 
 #[tokio::test]
@@ -138,9 +166,23 @@ async fn transaction_status_through_begin_error_rollback() {
     assert_eq!(sqlstate(tx.execute("SELECT 1/0", &[]).await), "22012");
     assert_eq!(sqlstate(tx.execute("SELECT 1", &[]).await), "25P02");
     tx.rollback().await.unwrap();
-    assert_eq!(c.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get::<_, i64>(0), 0);
-    c.batch_execute("BEGIN; INSERT INTO t VALUES (2); COMMIT").await.unwrap();
-    assert_eq!(c.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get::<_, i64>(0), 1);
+    assert_eq!(
+        c.query_one("SELECT count(*) FROM t", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        0
+    );
+    c.batch_execute("BEGIN; INSERT INTO t VALUES (2); COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(
+        c.query_one("SELECT count(*) FROM t", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        1
+    );
 }
 
 #[tokio::test]
@@ -149,7 +191,7 @@ async fn unreachable_upstream_gets_08001_not_a_hang() {
     let proxy = Proxy::start(port, "").await;
     let started = Instant::now();
     let r = try_connect(proxy.port(), "postgres", "").await;
-    let err = r.err().expect("must fail");
+    let Err(err) = r else { panic!("must fail") };
     let db = err.as_db_error().expect("an ErrorResponse from pgfence");
     assert_eq!(db.code().code(), "08001");
     assert!(db.message().contains("pgfence"), "{}", db.message());
@@ -180,7 +222,10 @@ async fn vanished_client_rolls_back_its_transaction() {
     // The upstream backend goes away and nothing was committed.
     for _ in 0..100 {
         let n: i64 = admin
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[])
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
             .await
             .unwrap()
             .get(0);
@@ -189,9 +234,19 @@ async fn vanished_client_rolls_back_its_transaction() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get::<_, i64>(0), 0);
+    assert_eq!(
+        admin
+            .query_one("SELECT count(*) FROM t", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        0
+    );
     let n: i64 = admin
-        .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -205,7 +260,9 @@ async fn connection_limit_gives_53300() {
     let proxy = Proxy::start(cluster.port(), "max_client_conn = 2").await;
     let _a = connect(proxy.port(), &db, "").await;
     let _b = connect(proxy.port(), &db, "").await;
-    let err = try_connect(proxy.port(), &db, "").await.err().expect("third must fail");
+    let Err(err) = try_connect(proxy.port(), &db, "").await else {
+        panic!("third must fail")
+    };
     assert_eq!(err.code().map(|c| c.code()), Some("53300"));
     drop(_a);
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -30,17 +30,22 @@ async fn idle_session_gets_57p01_on_sigterm_and_transaction_may_commit_first() {
     let idle_code = idle_code.expect("idle session was not closed");
     assert!(idle_code == "57P01" || idle_code.contains("closed"), "{idle_code}");
     // New connections are refused: the listener is closed.
-    assert!(tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={} user=postgres dbname={db}", proxy.port()),
-        tokio_postgres::NoTls
-    )
-    .await
-    .is_err());
+    assert!(
+        tokio_postgres::connect(
+            &format!("host=127.0.0.1 port={} user=postgres dbname={db}", proxy.port()),
+            tokio_postgres::NoTls
+        )
+        .await
+        .is_err()
+    );
     // The session inside a transaction finishes it.
     busy.batch_execute("INSERT INTO t VALUES (2); COMMIT").await.unwrap();
     let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
     assert_eq!(n, 2);
-    let status = proxy.wait_exit(Duration::from_secs(10)).await.expect("pgfence did not exit after draining");
+    let status = proxy
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("pgfence did not exit after draining");
     assert!(status.success(), "{status:?}");
     assert!(busy.simple_query("SELECT 1").await.is_err());
 }
@@ -75,5 +80,9 @@ async fn sigint_closes_everything_within_a_second() {
     let started = Instant::now();
     proxy.sigint();
     proxy.wait_exit(Duration::from_secs(5)).await.expect("no exit");
-    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
 }

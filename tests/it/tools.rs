@@ -7,25 +7,57 @@ use crate::common::pg::Cluster;
 
 /// Runs a blocking command off the runtime, so the in-process proxy keeps serving.
 async fn run(mut cmd: Command) -> std::process::Output {
-    tokio::task::spawn_blocking(move || cmd.output().expect("run command")).await.unwrap()
+    tokio::task::spawn_blocking(move || cmd.output().expect("run command"))
+        .await
+        .unwrap()
 }
 
 async fn psql(port: u16, db: &str, script: &str) -> (String, String, bool) {
     let mut cmd = Command::new("psql");
-    cmd
-        .args(["-X", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=0"])
-        .arg("-c")
-        .arg(script)
-        .env("PGCONNECT_TIMEOUT", "10");
+    cmd.args([
+        "-X",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "postgres",
+        "-d",
+        db,
+        "-v",
+        "ON_ERROR_STOP=0",
+    ])
+    .arg("-c")
+    .arg(script)
+    .env("PGCONNECT_TIMEOUT", "10");
     let out = run(cmd).await;
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
 }
 
 async fn psql_file(port: u16, db: &str, file: &std::path::Path) -> (String, String) {
     let mut cmd = Command::new("psql");
-    cmd.args(["-X", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "-d", db, "-f"]).arg(file);
+    cmd.args([
+        "-X",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "postgres",
+        "-d",
+        db,
+        "-f",
+    ])
+    .arg(file);
     let out = run(cmd).await;
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,16 +114,24 @@ async fn pgbench_runs_every_mode_through_pgfence() {
     for mode in ["simple", "extended", "prepared"] {
         for select_only in [true, false] {
             let mut cmd = Command::new(&pgbench);
-            cmd.args(base).args(["-M", mode, "-c", "4", "-j", "2", "-t", "50", "-n"]);
+            cmd.args(base)
+                .args(["-M", mode, "-c", "4", "-j", "2", "-t", "50", "-n"]);
             if select_only {
                 cmd.arg("-S");
             }
             cmd.arg(&db);
             let out = run(cmd).await;
             let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{mode} -S={select_only}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{mode} -S={select_only}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             assert!(stdout.contains("number of failed transactions: 0"), "{stdout}");
-            assert!(stdout.contains("number of transactions actually processed: 200/200"), "{stdout}");
+            assert!(
+                stdout.contains("number of transactions actually processed: 200/200"),
+                "{stdout}"
+            );
         }
     }
 }

@@ -20,7 +20,10 @@ impl Proxy {
     /// Starts a proxy in front of `upstream_port` with extra TOML (e.g. `[[fence]]` sections).
     pub async fn start(upstream_port: u16, extra_toml: &str) -> Proxy {
         let toml = format!("listen = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{upstream_port}\"\n{extra_toml}");
-        let config = RawConfig::from_toml(&toml).expect("toml").validate().expect("valid config");
+        let config = RawConfig::from_toml(&toml)
+            .expect("toml")
+            .validate()
+            .expect("valid config");
         Self::start_with(config).await
     }
 

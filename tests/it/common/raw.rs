@@ -82,7 +82,10 @@ impl Raw {
     /// Connects without sending anything.
     pub async fn connect(port: u16) -> Raw {
         let stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-        Raw { stream, buf: BytesMut::new() }
+        Raw {
+            stream,
+            buf: BytesMut::new(),
+        }
     }
 
     /// Connects and completes a trust-auth startup with these parameters;

@@ -31,7 +31,12 @@ async fn options_declaration_matrix() {
 #[tokio::test]
 async fn startup_parameter_declaration_matrix() {
     let f = at_epoch_two().await;
-    for (epoch, expect) in [(Some("1"), "PF001"), (Some("2"), ""), (None, "PF002"), (Some("+02"), "")] {
+    for (epoch, expect) in [
+        (Some("1"), "PF001"),
+        (Some("2"), ""),
+        (None, "PF002"),
+        (Some("+02"), ""),
+    ] {
         let mut params = vec![("user", "postgres"), ("database", f.db.as_str())];
         if let Some(e) = epoch {
             params.push(("pgfence.epoch", e));
@@ -42,13 +47,22 @@ async fn startup_parameter_declaration_matrix() {
         assert_eq!(got, expect, "startup pgfence.epoch={epoch:?}");
     }
     for bad in ["0", "", "-1", "9223372036854775808", "x"] {
-        let params = [("user", "postgres"), ("database", f.db.as_str()), ("pgfence.epoch", bad)];
+        let params = [
+            ("user", "postgres"),
+            ("database", f.db.as_str()),
+            ("pgfence.epoch", bad),
+        ];
         let (_, msgs) = Raw::startup(f.proxy.port(), &params).await;
         assert_eq!(codes(&msgs), ["PF003"], "startup pgfence.epoch={bad:?}");
         assert_eq!(msgs.last().unwrap().field(b'S').as_deref(), Some("FATAL"));
     }
     // The raw parameter wins over options, as Postgres applies it last.
-    let params = [("user", "postgres"), ("database", f.db.as_str()), ("options", "-c pgfence.epoch=1"), ("pgfence.epoch", "2")];
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("options", "-c pgfence.epoch=1"),
+        ("pgfence.epoch", "2"),
+    ];
     let (mut raw, _) = Raw::startup(f.proxy.port(), &params).await;
     assert!(codes(&raw.simple(WRITE).await).is_empty());
 }
@@ -56,7 +70,11 @@ async fn startup_parameter_declaration_matrix() {
 #[tokio::test]
 async fn set_declaration_matrix() {
     let f = at_epoch_two().await;
-    for set in ["SET pgfence.epoch = {}", "SET SESSION pgfence.epoch TO {}", "set PGFENCE.EPOCH to '{}'"] {
+    for set in [
+        "SET pgfence.epoch = {}",
+        "SET SESSION pgfence.epoch TO {}",
+        "set PGFENCE.EPOCH to '{}'",
+    ] {
         for (epoch, expect) in [("1", "PF001"), ("2", "ok"), ("05", "PF003"), ("+2", "ok")] {
             let s = f.session("").await;
             let stmt = set.replace("{}", epoch);
@@ -85,13 +103,19 @@ async fn set_local_lasts_until_the_transaction_ends() {
     s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 2").await.unwrap();
     s.execute(WRITE, &[]).await.unwrap();
     s.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF002", "SET LOCAL is gone after COMMIT");
+    assert_eq!(
+        code(&s.execute(WRITE, &[]).await),
+        "PF002",
+        "SET LOCAL is gone after COMMIT"
+    );
     s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 1").await.unwrap();
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
     s.batch_execute("ROLLBACK").await.unwrap();
     // SET LOCAL over a session epoch, in one simple Query.
     s.batch_execute("SET pgfence.epoch = 2").await.unwrap();
-    let r = s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 1; UPDATE sweep_state SET note = 'x' WHERE id = 1; COMMIT").await;
+    let r = s
+        .batch_execute("BEGIN; SET LOCAL pgfence.epoch = 1; UPDATE sweep_state SET note = 'x' WHERE id = 1; COMMIT")
+        .await;
     assert_eq!(code(&r), "PF001");
     s.batch_execute("ROLLBACK").await.unwrap();
     s.execute(WRITE, &[]).await.unwrap();
@@ -141,7 +165,11 @@ async fn show_agrees_with_the_declaration() {
     let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
     assert_eq!(shown, "2");
     s.execute("SET pgfence.epoch = 1", &[]).await.unwrap();
-    let shown: String = s.query_one("SELECT current_setting('pgfence.epoch')", &[]).await.unwrap().get(0);
+    let shown: String = s
+        .query_one("SELECT current_setting('pgfence.epoch')", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(shown, "1");
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
 }
@@ -155,15 +183,25 @@ async fn several_fences_need_pgfence_fence() {
     let s = f.leader(e).await;
     let r = s.execute(WRITE, &[]).await;
     assert_eq!(code(&r), "PF002");
-    assert!(r.unwrap_err().as_db_error().unwrap().message().contains("pgfence.fence"));
-    let s = f.session(&format!("-c pgfence.epoch={e} -c pgfence.fence=sweeper")).await;
+    assert!(
+        r.unwrap_err()
+            .as_db_error()
+            .unwrap()
+            .message()
+            .contains("pgfence.fence")
+    );
+    let s = f
+        .session(&format!("-c pgfence.epoch={e} -c pgfence.fence=sweeper"))
+        .await;
     s.execute(WRITE, &[]).await.unwrap();
     // A write to another fence's table is PF002 for that fence.
     let r = s.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await;
     assert_eq!(code(&r), "PF002");
     assert!(r.unwrap_err().as_db_error().unwrap().message().contains("\"other\""));
     let s2 = f.session("").await;
-    s2.batch_execute(&format!("SET pgfence.fence = 'other'; SET pgfence.epoch = {e}")).await.unwrap();
+    s2.batch_execute(&format!("SET pgfence.fence = 'other'; SET pgfence.epoch = {e}"))
+        .await
+        .unwrap();
     s2.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await.unwrap();
     drop(Proxy::start(cluster.port(), "").await);
 }

@@ -16,14 +16,30 @@ async fn hwm_survives_proxy_restart_and_is_shared_by_two_proxies() {
     let f = Fixture::with(cluster, NO_LEASE).await;
     let second = Proxy::start(cluster.port(), NO_LEASE).await;
     f.leader(1).await.execute(WRITE, &[]).await.unwrap();
-    connect(second.port(), &f.db, "-c pgfence.epoch=3").await.execute(WRITE, &[]).await.unwrap();
+    connect(second.port(), &f.db, "-c pgfence.epoch=3")
+        .await
+        .execute(WRITE, &[])
+        .await
+        .unwrap();
     assert_eq!(f.hwm().await, 3);
-    assert_eq!(code(&f.leader(2).await.execute(WRITE, &[]).await), "PF001", "other proxy's HWM applies");
+    assert_eq!(
+        code(&f.leader(2).await.execute(WRITE, &[]).await),
+        "PF001",
+        "other proxy's HWM applies"
+    );
     drop(second);
     let restarted = Proxy::start(cluster.port(), NO_LEASE).await;
     let s = connect(restarted.port(), &f.db, "-c pgfence.epoch=2").await;
-    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001", "HWM survives a proxy restart");
-    connect(restarted.port(), &f.db, "-c pgfence.epoch=3").await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(
+        code(&s.execute(WRITE, &[]).await),
+        "PF001",
+        "HWM survives a proxy restart"
+    );
+    connect(restarted.port(), &f.db, "-c pgfence.epoch=3")
+        .await
+        .execute(WRITE, &[])
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -34,12 +50,20 @@ async fn hwm_survives_an_immediate_postgres_restart() {
     admin.batch_execute(SEED_SQL).await.unwrap();
     install(&mut admin, cluster.port(), NO_LEASE).await;
     let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
-    connect(proxy.port(), &db, "-c pgfence.epoch=5").await.execute(WRITE, &[]).await.unwrap();
+    connect(proxy.port(), &db, "-c pgfence.epoch=5")
+        .await
+        .execute(WRITE, &[])
+        .await
+        .unwrap();
     cluster.restart_immediate();
     let s = connect(proxy.port(), &db, "-c pgfence.epoch=4").await;
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
     let admin = cluster.admin(&db).await;
-    let hwm: i64 = admin.query_one("SELECT hwm FROM pgfence.fence", &[]).await.unwrap().get(0);
+    let hwm: i64 = admin
+        .query_one("SELECT hwm FROM pgfence.fence", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(hwm, 5);
 }
 
@@ -49,8 +73,16 @@ async fn recreated_lease_row_does_not_start_below_the_hwm() {
     f.takeover("a").await;
     let e2 = f.takeover("b").await;
     f.leader(e2).await.execute(WRITE, &[]).await.unwrap();
-    f.admin.batch_execute("DELETE FROM leader_lease; INSERT INTO leader_lease (name) VALUES ('sweeper')").await.unwrap();
-    let epoch: i64 = f.admin.query_one("SELECT epoch FROM leader_lease", &[]).await.unwrap().get(0);
+    f.admin
+        .batch_execute("DELETE FROM leader_lease; INSERT INTO leader_lease (name) VALUES ('sweeper')")
+        .await
+        .unwrap();
+    let epoch: i64 = f
+        .admin
+        .query_one("SELECT epoch FROM leader_lease", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert!(epoch >= e2, "a re-created row starts at the HWM, got {epoch}");
     let e3 = f.takeover("c").await;
     assert!(e3 > e2, "a new leader is never born stale");

@@ -31,16 +31,31 @@ async fn takeover_waits_for_a_transaction_past_the_guard() {
     let f = Fixture::new().await;
     let e1 = f.takeover("a").await;
     let a = f.leader(e1).await;
-    a.batch_execute("BEGIN; UPDATE sweep_state SET note = 'in-flight' WHERE id = 1").await.unwrap();
+    a.batch_execute("BEGIN; UPDATE sweep_state SET note = 'in-flight' WHERE id = 1")
+        .await
+        .unwrap();
     let rival = f.direct().await;
     let takeover = tokio::spawn(async move { take_lease(&rival, "b").await });
-    assert!(someone_blocked(&f).await, "the takeover must wait for the in-flight stale transaction");
+    assert!(
+        someone_blocked(&f).await,
+        "the takeover must wait for the in-flight stale transaction"
+    );
     assert!(!takeover.is_finished());
     a.batch_execute("COMMIT").await.unwrap();
     let e2 = takeover.await.unwrap();
     assert_eq!(e2, e1 + 1);
-    assert_eq!(f.note().await.0, "in-flight", "the transaction that passed the guard commits");
-    assert_eq!(code(&a.execute("UPDATE sweep_state SET note = 'late' WHERE id = 1", &[]).await), "PF001");
+    assert_eq!(
+        f.note().await.0,
+        "in-flight",
+        "the transaction that passed the guard commits"
+    );
+    assert_eq!(
+        code(
+            &a.execute("UPDATE sweep_state SET note = 'late' WHERE id = 1", &[])
+                .await
+        ),
+        "PF001"
+    );
 }
 
 #[tokio::test]
@@ -48,14 +63,19 @@ async fn renewal_does_not_block_behind_the_leaders_writes() {
     let f = Fixture::new().await;
     let e1 = f.takeover("a").await;
     let a = f.leader(e1).await;
-    a.batch_execute("BEGIN; UPDATE sweep_state SET note = 'open' WHERE id = 1").await.unwrap();
+    a.batch_execute("BEGIN; UPDATE sweep_state SET note = 'open' WHERE id = 1")
+        .await
+        .unwrap();
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&e1];
     let renew = f.admin.query_opt(
         "UPDATE leader_lease SET expires_at = now() + interval '30 s'
          WHERE name = 'sweeper' AND holder = 'a' AND epoch = $1 AND expires_at > now() RETURNING epoch",
         &params,
     );
-    let row = tokio::time::timeout(Duration::from_secs(5), renew).await.expect("renewal blocked").unwrap();
+    let row = tokio::time::timeout(Duration::from_secs(5), renew)
+        .await
+        .expect("renewal blocked")
+        .unwrap();
     assert_eq!(row.map(|r| r.get::<_, i64>(0)), Some(e1));
     a.batch_execute("COMMIT").await.unwrap();
 }
@@ -70,7 +90,11 @@ async fn takeover_is_not_starved_by_a_stream_of_writers() {
         let s = f.leader(e1).await;
         writers.push(tokio::spawn(async move {
             while Instant::now() < stop {
-                let r = s.batch_execute("BEGIN; UPDATE sweep_state SET note = 'w' WHERE id = 1; SELECT pg_sleep(0.05); COMMIT").await;
+                let r = s
+                    .batch_execute(
+                        "BEGIN; UPDATE sweep_state SET note = 'w' WHERE id = 1; SELECT pg_sleep(0.05); COMMIT",
+                    )
+                    .await;
                 if code(&r) == "PF001" {
                     return;
                 }
@@ -81,7 +105,9 @@ async fn takeover_is_not_starved_by_a_stream_of_writers() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let rival = f.direct().await;
-    tokio::time::timeout(Duration::from_secs(5), take_lease(&rival, "b")).await.expect("takeover starved");
+    tokio::time::timeout(Duration::from_secs(5), take_lease(&rival, "b"))
+        .await
+        .expect("takeover starved");
     assert!(started.elapsed() < Duration::from_secs(5));
     for w in writers {
         w.await.unwrap();

@@ -50,7 +50,12 @@ impl Fixture {
         admin.batch_execute(SEED_SQL).await.unwrap();
         install(&mut admin, cluster.port(), toml).await;
         let proxy = Proxy::start(cluster.port(), toml).await;
-        Fixture { cluster, db, proxy, admin }
+        Fixture {
+            cluster,
+            db,
+            proxy,
+            admin,
+        }
     }
 
     /// A session through pgfence with these libpq options.
@@ -74,12 +79,20 @@ impl Fixture {
     }
 
     pub async fn note(&self) -> (String, i64) {
-        let row = self.admin.query_one("SELECT note, last_epoch FROM sweep_state WHERE id = 1", &[]).await.unwrap();
+        let row = self
+            .admin
+            .query_one("SELECT note, last_epoch FROM sweep_state WHERE id = 1", &[])
+            .await
+            .unwrap();
         (row.get(0), row.get(1))
     }
 
     pub async fn hwm(&self) -> i64 {
-        self.admin.query_one("SELECT hwm FROM pgfence.fence WHERE name = 'sweeper'", &[]).await.unwrap().get(0)
+        self.admin
+            .query_one("SELECT hwm FROM pgfence.fence WHERE name = 'sweeper'", &[])
+            .await
+            .unwrap()
+            .get(0)
     }
 }
 
@@ -92,7 +105,13 @@ pub async fn install(admin: &mut Client, port: u16, toml: &str) {
 
 /// Expires the lease and acquires it for `holder` with the seed's CAS UPDATE.
 pub async fn take_lease(client: &Client, holder: &str) -> i64 {
-    client.execute("UPDATE leader_lease SET expires_at = '-infinity' WHERE name = 'sweeper'", &[]).await.unwrap();
+    client
+        .execute(
+            "UPDATE leader_lease SET expires_at = '-infinity' WHERE name = 'sweeper'",
+            &[],
+        )
+        .await
+        .unwrap();
     let row = client
         .query_one(
             "UPDATE leader_lease SET holder = $1, epoch = epoch + 1, expires_at = now() + interval '30 s'
@@ -108,7 +127,9 @@ pub async fn take_lease(client: &Client, holder: &str) -> i64 {
 pub fn code<T>(r: &Result<T, tokio_postgres::Error>) -> String {
     match r {
         Ok(_) => "ok".into(),
-        Err(e) => e.code().map_or_else(|| format!("no sqlstate: {e}"), |c| c.code().to_owned()),
+        Err(e) => e
+            .code()
+            .map_or_else(|| format!("no sqlstate: {e}"), |c| c.code().to_owned()),
     }
 }
 
@@ -119,16 +140,34 @@ async fn stale_leader_write_is_rejected_with_pf001_and_row_survives() {
     let f = Fixture::new().await;
     let e1 = f.takeover("node-a").await;
     let a = f.leader(e1).await;
-    a.execute("UPDATE sweep_state SET note = 'a', last_epoch = $1 WHERE id = 1", &[&e1]).await.unwrap();
+    a.execute(
+        "UPDATE sweep_state SET note = 'a', last_epoch = $1 WHERE id = 1",
+        &[&e1],
+    )
+    .await
+    .unwrap();
     // node-a pauses; its lease expires; node-b takes over.
     let e2 = f.takeover("node-b").await;
     let b = f.leader(e2).await;
-    b.execute("UPDATE sweep_state SET note = 'b', last_epoch = $1 WHERE id = 1", &[&e2]).await.unwrap();
+    b.execute(
+        "UPDATE sweep_state SET note = 'b', last_epoch = $1 WHERE id = 1",
+        &[&e2],
+    )
+    .await
+    .unwrap();
     // node-a wakes up and writes, still believing it leads.
-    let r = a.execute("UPDATE sweep_state SET note = 'a-stale', last_epoch = $1 WHERE id = 1", &[&e1]).await;
+    let r = a
+        .execute(
+            "UPDATE sweep_state SET note = 'a-stale', last_epoch = $1 WHERE id = 1",
+            &[&e1],
+        )
+        .await;
     assert_eq!(code(&r), "PF001");
     let msg = r.unwrap_err().as_db_error().unwrap().message().to_owned();
-    assert!(msg.contains("epoch 1 is stale for fence \"sweeper\" (current epoch 2)"), "{msg}");
+    assert!(
+        msg.contains("epoch 1 is stale for fence \"sweeper\" (current epoch 2)"),
+        "{msg}"
+    );
     assert_eq!(f.note().await, ("b".to_owned(), 2));
 }
 
@@ -138,13 +177,32 @@ async fn control_stale_leader_write_lands_without_pgfence() {
     let f = Fixture::new().await;
     let e1 = f.takeover("node-a").await;
     let a = f.direct().await;
-    a.execute("UPDATE sweep_state SET note = 'a', last_epoch = $1 WHERE id = 1", &[&e1]).await.unwrap();
+    a.execute(
+        "UPDATE sweep_state SET note = 'a', last_epoch = $1 WHERE id = 1",
+        &[&e1],
+    )
+    .await
+    .unwrap();
     let e2 = f.takeover("node-b").await;
     let b = f.direct().await;
-    b.execute("UPDATE sweep_state SET note = 'b', last_epoch = $1 WHERE id = 1", &[&e2]).await.unwrap();
-    let r = a.execute("UPDATE sweep_state SET note = 'a-stale', last_epoch = $1 WHERE id = 1", &[&e1]).await;
+    b.execute(
+        "UPDATE sweep_state SET note = 'b', last_epoch = $1 WHERE id = 1",
+        &[&e2],
+    )
+    .await
+    .unwrap();
+    let r = a
+        .execute(
+            "UPDATE sweep_state SET note = 'a-stale', last_epoch = $1 WHERE id = 1",
+            &[&e1],
+        )
+        .await;
     assert_eq!(code(&r), "ok");
-    assert_eq!(f.note().await, ("a-stale".to_owned(), 1), "the control must show the corruption");
+    assert_eq!(
+        f.note().await,
+        ("a-stale".to_owned(), 1),
+        "the control must show the corruption"
+    );
 }
 
 /// Once a takeover commits, the stale epoch is refused before the new leader writes anything.
@@ -153,9 +211,13 @@ async fn takeover_alone_fences_the_old_epoch() {
     let f = Fixture::new().await;
     let e1 = f.takeover("node-a").await;
     let a = f.leader(e1).await;
-    a.execute("UPDATE sweep_state SET note = 'a' WHERE id = 1", &[]).await.unwrap();
+    a.execute("UPDATE sweep_state SET note = 'a' WHERE id = 1", &[])
+        .await
+        .unwrap();
     f.takeover("node-b").await;
-    let r = a.execute("UPDATE sweep_state SET note = 'a-stale' WHERE id = 1", &[]).await;
+    let r = a
+        .execute("UPDATE sweep_state SET note = 'a-stale' WHERE id = 1", &[])
+        .await;
     assert_eq!(code(&r), "PF001");
     assert_eq!(f.note().await.0, "a");
 }
@@ -169,7 +231,9 @@ async fn database_without_init_gets_pf005() {
     let proxy = Proxy::start(cluster.port(), &fence_toml()).await;
     let s = connect(proxy.port(), &db, "-c pgfence.epoch=1").await;
     for r in [
-        s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await.map(|_| ()),
+        s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[])
+            .await
+            .map(|_| ()),
         s.batch_execute("UPDATE sweep_state SET note = 'x' WHERE id = 1").await,
     ] {
         assert_eq!(code(&r), "PF005");
@@ -180,7 +244,9 @@ async fn database_without_init_gets_pf005() {
     let s = connect(proxy.port(), &db, "").await;
     assert_eq!(code(&s.batch_execute("DELETE FROM sweep_state").await), "PF005");
     // Reads and unfenced writes are not affected.
-    s.batch_execute("SELECT * FROM sweep_state; INSERT INTO audit (note) VALUES ('x')").await.unwrap();
+    s.batch_execute("SELECT * FROM sweep_state; INSERT INTO audit (note) VALUES ('x')")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -188,12 +254,16 @@ async fn epoch_above_the_lease_is_pf003() {
     let f = Fixture::new().await;
     let e1 = f.takeover("node-a").await;
     let s = f.leader(e1 + 1).await;
-    let r = s.execute("UPDATE sweep_state SET note = 'future' WHERE id = 1", &[]).await;
+    let r = s
+        .execute("UPDATE sweep_state SET note = 'future' WHERE id = 1", &[])
+        .await;
     assert_eq!(code(&r), "PF003");
     assert_eq!(f.note().await.0, "init");
     // Nobody declared a future epoch and locked the real leader out.
     let a = f.leader(e1).await;
-    a.execute("UPDATE sweep_state SET note = 'a' WHERE id = 1", &[]).await.unwrap();
+    a.execute("UPDATE sweep_state SET note = 'a' WHERE id = 1", &[])
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -201,7 +271,10 @@ async fn missing_lease_row_grants_no_epoch() {
     let f = Fixture::new().await;
     f.admin.execute("DELETE FROM leader_lease", &[]).await.unwrap();
     let s = f.leader(1).await;
-    assert_eq!(code(&s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await), "PF003");
+    assert_eq!(
+        code(&s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await),
+        "PF003"
+    );
 }
 
 #[tokio::test]
@@ -209,19 +282,31 @@ async fn reads_and_unfenced_writes_need_no_epoch() {
     let f = Fixture::new().await;
     let s = f.session("").await;
     s.query("SELECT * FROM sweep_state FOR UPDATE", &[]).await.unwrap();
-    s.execute("INSERT INTO audit (note) VALUES ($1)", &[&"x"]).await.unwrap();
-    s.batch_execute("EXPLAIN UPDATE sweep_state SET note = 'x'").await.unwrap();
+    s.execute("INSERT INTO audit (note) VALUES ($1)", &[&"x"])
+        .await
+        .unwrap();
+    s.batch_execute("EXPLAIN UPDATE sweep_state SET note = 'x'")
+        .await
+        .unwrap();
     s.batch_execute("VACUUM sweep_state").await.unwrap();
     s.batch_execute("VACUUM ANALYZE sweep_state").await.unwrap();
     s.batch_execute("ANALYZE sweep_state").await.unwrap();
-    s.batch_execute("CREATE INDEX ON sweep_state (note); COPY sweep_state TO STDOUT").await.unwrap();
+    s.batch_execute("CREATE INDEX ON sweep_state (note); COPY sweep_state TO STDOUT")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn many_same_epoch_writers_see_no_false_rejections() {
     let f = Fixture::new().await;
     let e1 = f.takeover("node-a").await;
-    f.admin.execute("INSERT INTO sweep_state SELECT g, 'w', 0 FROM generate_series(100, 115) g", &[]).await.unwrap();
+    f.admin
+        .execute(
+            "INSERT INTO sweep_state SELECT g, 'w', 0 FROM generate_series(100, 115) g",
+            &[],
+        )
+        .await
+        .unwrap();
     let mut tasks = Vec::new();
     for w in 0..16 {
         let s = f.leader(e1).await;
@@ -229,11 +314,18 @@ async fn many_same_epoch_writers_see_no_false_rejections() {
             let mut failures = 0;
             for i in 0..40 {
                 let r = if i % 2 == 0 {
-                    s.execute("UPDATE sweep_state SET note = $1 WHERE id = $2", &[&format!("{i}"), &(100 + w)]).await
+                    s.execute(
+                        "UPDATE sweep_state SET note = $1 WHERE id = $2",
+                        &[&format!("{i}"), &(100 + w)],
+                    )
+                    .await
                 } else {
-                    s.batch_execute(&format!("BEGIN; UPDATE sweep_state SET note = '{i}' WHERE id = {}; COMMIT", 100 + w))
-                        .await
-                        .map(|_| 1)
+                    s.batch_execute(&format!(
+                        "BEGIN; UPDATE sweep_state SET note = '{i}' WHERE id = {}; COMMIT",
+                        100 + w
+                    ))
+                    .await
+                    .map(|_| 1)
                 };
                 failures += u32::from(r.is_err());
             }

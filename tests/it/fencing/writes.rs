@@ -48,7 +48,10 @@ async fn digest(admin: &Client) -> String {
 
 async fn stale_and_current() -> (Fixture, Client, Client) {
     let f = Fixture::new().await;
-    f.admin.batch_execute("INSERT INTO audit (id, note) VALUES (1, 'audit'); SELECT setval('audit_id_seq', 1)").await.unwrap();
+    f.admin
+        .batch_execute("INSERT INTO audit (id, note) VALUES (1, 'audit'); SELECT setval('audit_id_seq', 1)")
+        .await
+        .unwrap();
     f.takeover("a").await;
     f.takeover("b").await;
     let stale = f.leader(1).await;
@@ -63,17 +66,36 @@ async fn stale_epoch_changes_nothing_in_any_form_simple_and_extended() {
     for sql in FORMS {
         assert_eq!(code(&stale.batch_execute(sql).await), "PF001", "simple: {sql}");
         assert_eq!(code(&stale.execute(*sql, &[]).await), "PF001", "extended: {sql}");
-        assert_eq!(code(&stale.batch_execute(&format!("BEGIN; {sql}; COMMIT")).await), "PF001", "in BEGIN: {sql}");
+        assert_eq!(
+            code(&stale.batch_execute(&format!("BEGIN; {sql}; COMMIT")).await),
+            "PF001",
+            "in BEGIN: {sql}"
+        );
         stale.batch_execute("ROLLBACK").await.unwrap();
         stale.batch_execute("BEGIN").await.unwrap();
-        assert_eq!(code(&stale.execute(*sql, &[]).await), "PF001", "extended in BEGIN: {sql}");
+        assert_eq!(
+            code(&stale.execute(*sql, &[]).await),
+            "PF001",
+            "extended in BEGIN: {sql}"
+        );
         assert_eq!(code(&stale.batch_execute("COMMIT").await), "ok");
     }
     let r = stale.copy_in::<_, bytes::Bytes>("COPY sweep_state FROM STDIN").await;
     assert_eq!(code(&r), "PF001", "COPY FROM");
-    stale.batch_execute("PREPARE p AS UPDATE sweep_state SET note = 'prep'").await.unwrap();
-    assert_eq!(code(&stale.batch_execute("EXECUTE p").await), "PF001", "EXECUTE of a prepared write");
-    assert_eq!(code(&stale.execute("EXECUTE p", &[]).await), "PF001", "EXECUTE via extended");
+    stale
+        .batch_execute("PREPARE p AS UPDATE sweep_state SET note = 'prep'")
+        .await
+        .unwrap();
+    assert_eq!(
+        code(&stale.batch_execute("EXECUTE p").await),
+        "PF001",
+        "EXECUTE of a prepared write"
+    );
+    assert_eq!(
+        code(&stale.execute("EXECUTE p", &[]).await),
+        "PF001",
+        "EXECUTE via extended"
+    );
     assert_eq!(code(&stale.batch_execute("DROP TABLE sweep_state").await), "PF001");
     assert_eq!(digest(&f.admin).await, before, "a stale epoch changed the table");
 }
@@ -83,7 +105,11 @@ async fn current_epoch_writes_in_every_form() {
     for (i, sql) in FORMS.iter().enumerate() {
         let (f, _, current) = stale_and_current().await;
         let before = digest(&f.admin).await;
-        let r = if i % 2 == 0 { current.batch_execute(sql).await } else { current.execute(*sql, &[]).await.map(|_| ()) };
+        let r = if i % 2 == 0 {
+            current.batch_execute(sql).await
+        } else {
+            current.execute(*sql, &[]).await.map(|_| ())
+        };
         assert_eq!(code(&r), "ok", "{sql}");
         let changed = digest(&f.admin).await != before;
         let no_op = sql.contains("DO NOTHING") || sql.contains("USING audit") || sql.contains("FROM audit");
@@ -94,12 +120,18 @@ async fn current_epoch_writes_in_every_form() {
 #[tokio::test]
 async fn pipelined_writes_are_each_checked() {
     let (f, stale, current) = stale_and_current().await;
-    let stmt = current.prepare("UPDATE sweep_state SET note = $1 WHERE id = 1").await.unwrap();
+    let stmt = current
+        .prepare("UPDATE sweep_state SET note = $1 WHERE id = 1")
+        .await
+        .unwrap();
     let notes: Vec<String> = (0..20).map(|i| format!("p{i}")).collect();
     let results = join_all(notes.iter().map(|n| async { current.execute(&stmt, &[n]).await })).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     assert_eq!(f.note().await.0, "p19");
-    let stmt = stale.prepare("UPDATE sweep_state SET note = $1 WHERE id = 1").await.unwrap();
+    let stmt = stale
+        .prepare("UPDATE sweep_state SET note = $1 WHERE id = 1")
+        .await
+        .unwrap();
     let results = join_all(notes.iter().map(|n| async { stale.execute(&stmt, &[n]).await })).await;
     assert!(results.iter().all(|r| code(r) == "PF001"), "{results:?}");
     // Reads pipelined with rejected writes still answer.
@@ -132,16 +164,41 @@ async fn call_and_do_mentioning_a_fenced_table_are_pf004() {
 #[tokio::test]
 async fn rejection_inside_transaction_prevents_commit() {
     let (f, stale, _) = stale_and_current().await;
-    stale.batch_execute("BEGIN; INSERT INTO audit (note) VALUES ('before')").await.unwrap();
-    assert_eq!(code(&stale.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await), "PF001");
-    assert_eq!(code(&stale.batch_execute("INSERT INTO audit (note) VALUES ('after')").await), "25P02");
+    stale
+        .batch_execute("BEGIN; INSERT INTO audit (note) VALUES ('before')")
+        .await
+        .unwrap();
+    assert_eq!(
+        code(
+            &stale
+                .execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[])
+                .await
+        ),
+        "PF001"
+    );
+    assert_eq!(
+        code(&stale.batch_execute("INSERT INTO audit (note) VALUES ('after')").await),
+        "25P02"
+    );
     stale.batch_execute("COMMIT").await.unwrap();
-    let n: i64 = f.admin.query_one("SELECT count(*) FROM audit", &[]).await.unwrap().get(0);
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM audit", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1, "only the row inserted before the test");
     // In one simple Query too.
-    let r = stale.batch_execute("INSERT INTO audit (note) VALUES ('x'); UPDATE sweep_state SET note = 'x'").await;
+    let r = stale
+        .batch_execute("INSERT INTO audit (note) VALUES ('x'); UPDATE sweep_state SET note = 'x'")
+        .await;
     assert_eq!(code(&r), "PF001");
-    let n: i64 = f.admin.query_one("SELECT count(*) FROM audit", &[]).await.unwrap().get(0);
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM audit", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
 }
 
@@ -151,6 +208,13 @@ async fn control_every_form_lands_without_pgfence() {
     let direct = f.direct().await;
     direct.batch_execute("SET pgfence.epoch = 1").await.unwrap();
     let before = digest(&f.admin).await;
-    direct.batch_execute("UPDATE sweep_state SET note = 'stale'").await.unwrap();
-    assert_ne!(digest(&f.admin).await, before, "the control must show the stale write landing");
+    direct
+        .batch_execute("UPDATE sweep_state SET note = 'stale'")
+        .await
+        .unwrap();
+    assert_ne!(
+        digest(&f.admin).await,
+        before,
+        "the control must show the stale write landing"
+    );
 }
