@@ -80,8 +80,6 @@ async fn stale_epoch_changes_nothing_in_any_form_simple_and_extended() {
         );
         assert_eq!(code(&stale.batch_execute("COMMIT").await), "ok");
     }
-    let r = stale.copy_in::<_, bytes::Bytes>("COPY sweep_state FROM STDIN").await;
-    assert_eq!(code(&r), "PF001", "COPY FROM");
     stale
         .batch_execute("PREPARE p AS UPDATE sweep_state SET note = 'prep'")
         .await
@@ -97,6 +95,9 @@ async fn stale_epoch_changes_nothing_in_any_form_simple_and_extended() {
         "EXECUTE via extended"
     );
     assert_eq!(code(&stale.batch_execute("DROP TABLE sweep_state").await), "PF001");
+    // tokio-postgres leaves the connection unusable after a failed copy_in, so it goes last.
+    let r = stale.copy_in::<_, bytes::Bytes>("COPY sweep_state FROM STDIN").await;
+    assert_eq!(code(&r), "PF001", "COPY FROM");
     assert_eq!(digest(&f.admin).await, before, "a stale epoch changed the table");
 }
 
@@ -105,7 +106,15 @@ async fn current_epoch_writes_in_every_form() {
     for (i, sql) in FORMS.iter().enumerate() {
         let (f, _, current) = stale_and_current().await;
         let before = digest(&f.admin).await;
-        let r = if i % 2 == 0 {
+        let r = if sql.starts_with("COPY") {
+            // tokio-postgres runs COPY only through its copy API.
+            match current.copy_out(*sql).await {
+                Ok(stream) => futures_util::TryStreamExt::try_collect::<Vec<_>>(stream)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            }
+        } else if i % 2 == 0 {
             current.batch_execute(sql).await
         } else {
             current.execute(*sql, &[]).await.map(|_| ())
@@ -217,4 +226,28 @@ async fn control_every_form_lands_without_pgfence() {
         before,
         "the control must show the stale write landing"
     );
+}
+
+/// A rejected COPY FROM in the extended protocol answers as any Execute-time
+/// error: ParseComplete, BindComplete, ErrorResponse, ReadyForQuery.
+#[tokio::test]
+async fn rejected_copy_from_in_extended_protocol_answers_like_an_execute_error() {
+    use crate::common::raw::{Raw, codes, message, tags};
+    let (f, _, _) = stale_and_current().await;
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("pgfence.epoch", "1"),
+    ];
+    let (mut raw, _) = Raw::startup(f.proxy.port(), &params).await;
+    let mut batch = message(b'P', b"\0COPY sweep_state FROM STDIN\0\0\0");
+    batch.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+    batch.extend(message(b'E', b"\0\0\0\0\0"));
+    batch.extend(message(b'S', b""));
+    raw.send(&batch).await;
+    let msgs = raw.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(tags(&msgs), "12EZ", "{msgs:?}");
+    assert_eq!(codes(&msgs), ["PF001"]);
+    let msgs = raw.simple("SELECT 1").await;
+    assert_eq!(tags(&msgs), "TDCZ");
 }
