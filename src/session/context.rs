@@ -2,9 +2,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::Fence;
+use crate::config::{Fence, Mode};
+use crate::fence::epoch::Epoch;
 use crate::sql::FenceId;
 use crate::sql::classify::{Analysis, Analyzer, FenceSet};
+use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported};
 
 /// The fences as seen from one database, shared by its sessions.
 pub struct DbFences {
@@ -17,6 +19,8 @@ pub struct DbFences {
     /// Each fence's lease table as text for the guard, if it has a lease.
     pub lease_tables: Vec<Option<String>>,
     analyzer: Mutex<Analyzer>,
+    /// Per fence, indexed by [`FenceId`]: its rewrite cache in rewrite mode.
+    rewriters: Vec<Option<Mutex<RewriteCache>>>,
 }
 
 impl DbFences {
@@ -36,7 +40,18 @@ impl DbFences {
             .iter()
             .map(|f| f.lease.as_ref().map(|l| l.table.to_string()))
             .collect();
+        let rewriters = config
+            .iter()
+            .map(|f| match (f.mode, &f.epoch_column) {
+                (Mode::Rewrite, Some(column)) => Some(Mutex::new(RewriteCache::new(RewriteTarget {
+                    tables: f.tables.clone(),
+                    column: column.clone(),
+                }))),
+                _ => None,
+            })
+            .collect();
         Self {
+            rewriters,
             config,
             names,
             applicable,
@@ -49,5 +64,18 @@ impl DbFences {
     pub fn analyze(&self, sql: &str) -> Arc<Analysis> {
         let mut analyzer = self.analyzer.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze(sql)
+    }
+
+    /// Whether `fence` is in rewrite mode.
+    pub fn is_rewrite(&self, fence: FenceId) -> bool {
+        matches!(self.rewriters.get(usize::from(fence.0)), Some(Some(_)))
+    }
+
+    /// `stmt_sql` rewritten for `fence` at `epoch` (cached); `None` if the
+    /// fence is not in rewrite mode.
+    pub fn rewrite(&self, fence: FenceId, stmt_sql: &str, epoch: Epoch) -> Option<Result<Arc<str>, Unsupported>> {
+        let cache = self.rewriters.get(usize::from(fence.0))?.as_ref()?;
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        Some(cache.rewrite(stmt_sql, epoch))
     }
 }

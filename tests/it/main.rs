@@ -10,5 +10,6 @@ mod harness;
 mod lease;
 mod raw_wire;
 mod relay;
+mod rewrite;
 mod shutdown;
 mod tools;
