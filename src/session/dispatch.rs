@@ -12,7 +12,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
-use super::rewriting::{Plan, RwStatement};
+use super::rewriting::RwStatement;
 use super::state::{Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
 use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
@@ -175,33 +175,6 @@ impl Dispatcher {
                 ))
             }
             Decision::Reject(r) => Some((Injected::Reject, guard_sql::reject_call(r.code, &r.message, &r.hint))),
-        }
-    }
-
-    /// The text sent for a statement that writes a rewrite-mode table in a
-    /// simple Query (the rewritten statement, or a rejection in its place) and
-    /// the guard to run before it.
-    fn simple_rewrite(
-        &self,
-        shared: &Shared,
-        fences: &[FenceId],
-        stmt_sql: &str,
-        exact: bool,
-        single: bool,
-    ) -> (String, Option<(Injected, String)>) {
-        match self.plan(fences, stmt_sql, exact) {
-            Plan::Rewrite { fence, epoch, text } => {
-                let guard = (self.has_lease(fence) && !(single && shared.guard_still_held(fence, epoch))).then(|| {
-                    let (name, lease) = self.fence_args(fence);
-                    (
-                        Injected::Guard(fence, epoch),
-                        guard_sql::guard_call(name, epoch, lease, false),
-                    )
-                });
-                (text.to_string(), guard)
-            }
-            Plan::Reject(r) => (guard_sql::reject_call(r.code, &r.message, &r.hint), None),
-            Plan::NotRewrite => (stmt_sql.to_owned(), None),
         }
     }
 

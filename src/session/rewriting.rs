@@ -24,6 +24,7 @@ use bytes::{BufMut, BytesMut};
 use super::dispatch::Dispatcher;
 use super::state::{Injected, Shared, Unit};
 use crate::error::sqlstate;
+use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::sql::FenceId;
@@ -125,6 +126,33 @@ impl Dispatcher {
     /// Whether `fence` has a lease (then the guard checks the epoch against it).
     pub(super) fn has_lease(&self, fence: FenceId) -> bool {
         matches!(self.fences.lease_tables.get(usize::from(fence.0)), Some(Some(_)))
+    }
+
+    /// The text sent for a statement that writes a rewrite-mode table in a
+    /// simple Query (the rewritten statement, or a rejection in its place) and
+    /// the guard to run before it.
+    pub(super) fn simple_rewrite(
+        &self,
+        shared: &Shared,
+        fences: &[FenceId],
+        stmt_sql: &str,
+        exact: bool,
+        single: bool,
+    ) -> (String, Option<(Injected, String)>) {
+        match self.plan(fences, stmt_sql, exact) {
+            Plan::Rewrite { fence, epoch, text } => {
+                let guard = (self.has_lease(fence) && !(single && shared.guard_still_held(fence, epoch))).then(|| {
+                    let (name, lease) = self.fence_args(fence);
+                    (
+                        Injected::Guard(fence, epoch),
+                        guard_sql::guard_call(name, epoch, lease, false),
+                    )
+                });
+                (text.to_string(), guard)
+            }
+            Plan::Reject(r) => (guard_sql::reject_call(r.code, &r.message, &r.hint), None),
+            Plan::NotRewrite => (stmt_sql.to_owned(), None),
+        }
     }
 
     /// Parse of a statement that writes a rewrite-mode table: remembers it and

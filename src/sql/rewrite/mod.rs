@@ -145,11 +145,14 @@ const EPOCHS_PER_TEXT: usize = 4;
 /// Longer texts are rewritten each time rather than cached.
 pub const CACHE_MAX_TEXT: usize = 16 * 1024;
 
+/// A cached outcome: the rewritten text, or why there is none.
+type Rewritten = Result<Arc<str>, Unsupported>;
+
 /// Rewrites for one fence, cached per (statement text, epoch), bounded.
 #[derive(Debug)]
 pub struct RewriteCache {
     target: RewriteTarget,
-    map: HashMap<Box<str>, Vec<(Epoch, Result<Arc<str>, Unsupported>)>>,
+    map: HashMap<Box<str>, Vec<(Epoch, Rewritten)>>,
 }
 
 impl RewriteCache {
