@@ -2,6 +2,7 @@
 //! (`common::pg::Cluster::shared`) instead of starting a server per file.
 
 mod auth;
+mod cli;
 mod common;
 mod demo;
 mod docker;
