@@ -370,3 +370,24 @@ async fn write_hidden_by_standard_conforming_strings_off_is_still_fenced() {
         .get(0);
     assert_eq!(n, 0);
 }
+
+/// Fence identity is (database, table): a fence restricted to one database
+/// does not touch a table of the same name in another.
+#[tokio::test]
+async fn fence_restricted_to_a_database_leaves_other_databases_alone() {
+    let cluster = Cluster::shared();
+    let fenced_db = cluster.fresh_db().await;
+    let other_db = cluster.fresh_db().await;
+    let toml = format!("[[fence]]\nname = \"sweeper\"\ndatabase = \"{fenced_db}\"\ntables = [\"sweep_state\"]\n");
+    for db in [&fenced_db, &other_db] {
+        let mut admin = cluster.admin(db).await;
+        admin.batch_execute(SEED_SQL).await.unwrap();
+        install(&mut admin, cluster.port(), &toml).await;
+    }
+    let proxy = Proxy::start(cluster.port(), &toml).await;
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id = 1";
+    let s = connect(proxy.port(), &fenced_db, "").await;
+    assert_eq!(code(&s.execute(write, &[]).await), "PF002");
+    let s = connect(proxy.port(), &other_db, "").await;
+    assert_eq!(code(&s.execute(write, &[]).await), "ok");
+}
