@@ -6,6 +6,7 @@
 mod declare;
 mod durability;
 mod locking;
+mod model;
 mod writes;
 
 use pgfence::config::RawConfig;
