@@ -5,6 +5,7 @@ mod auth;
 mod common;
 mod demo;
 mod docker;
+mod drivers;
 mod fencing;
 mod harness;
 mod lease;
