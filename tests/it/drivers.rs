@@ -60,7 +60,7 @@ async fn run(mut cmd: Command, timeout: Duration) -> Output {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                let status = child.wait().expect("wait for killed child");
+                let _ = child.wait();
                 let out = std::fs::read_to_string(&out_path).unwrap_or_default();
                 panic!("{cmd:?} did not finish within {timeout:?}; output so far:\n{out}");
             }
