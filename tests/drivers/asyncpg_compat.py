@@ -406,6 +406,20 @@ async def listen_notify():
 
 
 @check
+async def server_pid_matches_and_own_notifies_are_recognised():
+    c = await connect()
+    try:
+        pid = await c.fetchval("SELECT pg_backend_pid()")
+        assert c.get_server_pid() == pid, (c.get_server_pid(), pid)
+        got = asyncio.get_running_loop().create_future()
+        await c.add_listener("pgfence_self", lambda _c, p, _ch, payload: got.done() or got.set_result((p, payload)))
+        await c.execute("NOTIFY pgfence_self, 'me'")
+        assert await asyncio.wait_for(got, 5) == (pid, "me")
+    finally:
+        await c.close()
+
+
+@check
 async def timeout_cancels_pg_sleep():
     c = await connect()
     try:

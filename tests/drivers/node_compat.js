@@ -223,6 +223,17 @@ check('listen_notify', async () => {
   }
 })
 
+check('process_id_matches_the_server_and_own_notifies', () =>
+  withClient(null, async (c) => {
+    const pid = (await c.query('SELECT pg_backend_pid() AS p')).rows[0].p
+    assert.strictEqual(c.processID, pid)
+    const got = new Promise((resolve) => c.on('notification', (m) => resolve([m.processId, m.payload])))
+    await c.query('LISTEN pgfence_self')
+    await c.query("NOTIFY pgfence_self, 'me'")
+    assert.deepStrictEqual(await got, [pid, 'me'])
+  })
+)
+
 check('cancel_of_pg_sleep_via_second_connection', () =>
   withClient(null, async (c) => {
     const q = new pg.Query('SELECT pg_sleep(20)')

@@ -331,6 +331,17 @@ def listen_notify():
 
 
 @check
+def backend_pid_matches_the_server_and_own_notifies():
+    with connect() as c:
+        pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert c.info.backend_pid == pid, (c.info.backend_pid, pid)
+        c.execute("LISTEN pgfence_self")
+        c.execute("NOTIFY pgfence_self, 'me'")
+        got = list(c.notifies(timeout=5, stop_after=1))
+        assert [(n.pid, n.payload) for n in got] == [(pid, "me")], got
+
+
+@check
 def cancel_of_pg_sleep():
     for method in ("cancel", "cancel_safe"):
         with connect() as c:

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::inproc::Proxy;
 use crate::common::pg::Cluster;
+use crate::common::raw::{Raw, codes, query};
 use crate::common::unique_temp_dir;
 use crate::fencing::{Fixture, install};
 
@@ -320,4 +321,51 @@ async fn pgbench_with_a_stale_epoch_fails_every_transaction_with_pf001() {
         .unwrap()
         .get(0);
     assert_eq!(history, 0, "a stale pgbench run must leave nothing behind");
+}
+
+/// A CancelRequest packet for (pid, secret).
+fn cancel_packet(pid: i32, secret: i32) -> Vec<u8> {
+    let mut p = 16u32.to_be_bytes().to_vec();
+    p.extend(80_877_102u32.to_be_bytes());
+    p.extend(pid.to_be_bytes());
+    p.extend(secret.to_be_bytes());
+    p
+}
+
+/// Drivers report BackendKeyData's pid as the backend pid (psycopg `info.backend_pid`, asyncpg
+/// `get_server_pid()`, node-pg `processID`) and applications match it against
+/// `pg_backend_pid()` and NOTIFY sender pids, so the pid must be the upstream's; the secret
+/// stays pgfence's, so the client's key cancels nothing when sent to Postgres directly.
+#[tokio::test]
+async fn backend_key_data_carries_the_upstream_pid_and_a_private_secret() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let proxy = Proxy::start(cluster.port(), "").await;
+    let (mut raw, msgs) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let key = msgs.iter().find(|m| m.tag == b'K').expect("BackendKeyData");
+    let pid = i32::from_be_bytes(key.body[0..4].try_into().unwrap());
+    let secret = i32::from_be_bytes(key.body[4..8].try_into().unwrap());
+    let rows = raw.simple("SELECT pg_backend_pid()").await;
+    let row = rows.iter().find(|m| m.tag == b'D').expect("a row");
+    // DataRow: column count (2), length (4), text.
+    assert_eq!(String::from_utf8_lossy(&row.body[6..]), pid.to_string());
+
+    // The client's key sent straight to Postgres matches nothing there.
+    raw.send(&query("SELECT pg_sleep(1)")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut direct = Raw::connect(cluster.port()).await;
+    direct.send(&cancel_packet(pid, secret)).await;
+    let reply = raw.read_until(|m| m.tag == b'Z').await;
+    assert!(
+        codes(&reply).is_empty(),
+        "cancelled with the client's key sent to Postgres: {reply:?}"
+    );
+
+    // Through pgfence it cancels.
+    raw.send(&query("SELECT pg_sleep(30)")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut via_proxy = Raw::connect(proxy.port()).await;
+    via_proxy.send(&cancel_packet(pid, secret)).await;
+    let reply = raw.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(codes(&reply), ["57014"], "{reply:?}");
 }
