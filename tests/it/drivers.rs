@@ -369,3 +369,151 @@ async fn backend_key_data_carries_the_upstream_pid_and_a_private_secret() {
     let reply = raw.read_until(|m| m.tag == b'Z').await;
     assert_eq!(codes(&reply), ["57014"], "{reply:?}");
 }
+
+/// Hand-made extended-protocol messages in the shapes pgjdbc sends (JDBC itself is not
+/// installable here: Maven Central does not resolve).
+mod jdbc_shape {
+    use crate::common::raw::message;
+
+    pub fn parse(name: &str, sql: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for s in [name, sql] {
+            b.extend(s.as_bytes());
+            b.push(0);
+        }
+        b.extend(0u16.to_be_bytes());
+        message(b'P', &b)
+    }
+
+    /// Bind with text parameters and text results.
+    pub fn bind(portal: &str, statement: &str, params: &[&str]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for s in [portal, statement] {
+            b.extend(s.as_bytes());
+            b.push(0);
+        }
+        b.extend(0u16.to_be_bytes());
+        b.extend((params.len() as u16).to_be_bytes());
+        for p in params {
+            b.extend((p.len() as i32).to_be_bytes());
+            b.extend(p.as_bytes());
+        }
+        b.extend(0u16.to_be_bytes());
+        message(b'B', &b)
+    }
+
+    pub fn describe_portal(portal: &str) -> Vec<u8> {
+        let mut b = vec![b'P'];
+        b.extend(portal.as_bytes());
+        b.push(0);
+        message(b'D', &b)
+    }
+
+    pub fn execute(portal: &str) -> Vec<u8> {
+        let mut b = portal.as_bytes().to_vec();
+        b.push(0);
+        b.extend(0i32.to_be_bytes());
+        message(b'E', &b)
+    }
+
+    pub fn sync() -> Vec<u8> {
+        message(b'S', b"")
+    }
+
+    /// pgjdbc with autocommit off: the first statement of a transaction is sent together with a
+    /// one-shot BEGIN, no Sync in between; the statement gets a Describe of its portal.
+    pub fn begin_then_write(sql: &str, params: &[&str]) -> Vec<u8> {
+        [
+            parse("", "BEGIN"),
+            bind("", "", &[]),
+            execute(""),
+            parse("", sql),
+            bind("", "", params),
+            describe_portal(""),
+            execute(""),
+            sync(),
+        ]
+        .concat()
+    }
+
+    /// pgjdbc's executeBatch on a named (server-prepared) statement: one Parse, then Bind/Execute
+    /// per row and one Sync.
+    pub fn batch(name: &str, sql: &str, rows: &[&[&str]]) -> Vec<u8> {
+        let mut out = parse(name, sql);
+        for row in rows {
+            out.extend(bind("", name, row));
+            out.extend(describe_portal(""));
+            out.extend(execute(""));
+        }
+        out.extend(sync());
+        out
+    }
+}
+
+/// The reply tags of a JDBC-shaped exchange through pgfence equal those of a direct connection
+/// when the epoch is current, and a stale epoch fails the write the way a Postgres error would.
+#[tokio::test]
+async fn jdbc_shaped_transaction_and_batch_answer_like_postgres() {
+    use jdbc_shape::*;
+    let f = Fixture::new().await;
+    let e = f.takeover("jdbc").await.to_string();
+    let update = "UPDATE sweep_state SET note = $1 WHERE id = 1";
+    let insert = "INSERT INTO sweep_state (id, note) VALUES ($1::int, $2)";
+    let params = |port, epoch: &str| {
+        let mut p = vec![
+            ("user", "postgres".to_owned()),
+            ("database", f.db.clone()),
+            ("client_encoding", "UTF8".to_owned()),
+            ("DateStyle", "ISO".to_owned()),
+            ("extra_float_digits", "2".to_owned()),
+        ];
+        if port != f.cluster.port() {
+            p.push(("options", format!("-c pgfence.epoch={epoch}")));
+        }
+        p
+    };
+    let mut replies = Vec::new();
+    for (port, base) in [(f.cluster.port(), 100), (f.proxy.port(), 200)] {
+        let p = params(port, &e);
+        let p: Vec<(&str, &str)> = p.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (mut raw, _) = Raw::startup(port, &p).await;
+        raw.send(&begin_then_write(update, &["jdbc"])).await;
+        let mut tags = crate::common::raw::tags(&raw.read_until(|m| m.tag == b'Z').await);
+        tags += &crate::common::raw::tags(&raw.simple("COMMIT").await);
+        let (a, b) = ((base + 1).to_string(), (base + 2).to_string());
+        raw.send(&batch("S_1", insert, &[&[&a, "b1"], &[&b, "b2"]])).await;
+        tags += &crate::common::raw::tags(&raw.read_until(|m| m.tag == b'Z').await);
+        replies.push(tags);
+    }
+    assert_eq!(replies[0], "12C12nCZCZ12nC2nCZ", "direct");
+    assert_eq!(replies[1], replies[0], "through pgfence");
+
+    // A stale leader: BEGIN runs, the write fails with PF001, COMMIT rolls back.
+    f.takeover("jdbc-2").await;
+    let p = params(f.proxy.port(), &e);
+    let p: Vec<(&str, &str)> = p.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (mut raw, _) = Raw::startup(f.proxy.port(), &p).await;
+    raw.send(&begin_then_write(update, &["stale"])).await;
+    let msgs = raw.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(crate::common::raw::tags(&msgs), "12C12nEZ", "{msgs:?}");
+    assert_eq!(codes(&msgs), ["PF001"]);
+    assert_eq!(msgs.last().unwrap().body, b"E", "the transaction is aborted");
+    let msgs = raw.simple("COMMIT").await;
+    assert!(
+        msgs.iter().any(|m| m.tag == b'C' && m.body.starts_with(b"ROLLBACK")),
+        "{msgs:?}"
+    );
+    raw.send(&batch("S_2", insert, &[&["300", "s1"], &["301", "s2"]])).await;
+    let msgs = raw.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(crate::common::raw::tags(&msgs), "12nEZ", "{msgs:?}");
+    assert_eq!(codes(&msgs), ["PF001"]);
+    assert_eq!(crate::common::raw::tags(&raw.simple("SELECT 1").await), "TDCZ");
+    assert_eq!(f.note().await.0, "jdbc");
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM sweep_state WHERE id >= 300", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
