@@ -99,6 +99,20 @@ def connect_with_sslmode_prefer_falls_back_to_plaintext():
 
 
 @check
+def libpq_18_asking_for_protocol_3_2_is_negotiated_down():
+    if psycopg.pq.version() < 180000:
+        print(f"SKIP libpq {psycopg.pq.version()} cannot ask for protocol 3.2")
+        return
+    with connect(E1, max_protocol_version="latest") as c:
+        assert c.pgconn.protocol_version == 3
+        assert c.execute("SHOW pgfence.epoch").fetchone()[0] == str(E1)
+        c.execute("UPDATE sweep_state SET note = 'protocol-3.2' WHERE id = 1")
+        assert c.info.backend_pid == c.execute("SELECT pg_backend_pid()").fetchone()[0]
+        threading.Thread(target=lambda: (time.sleep(0.3), c.cancel_safe())).start()
+        expect_state("57014", lambda: c.execute("SELECT pg_sleep(20)"))
+
+
+@check
 def simple_query_protocol_multi_statement():
     with connect() as c:
         cur = psycopg.ClientCursor(c)

@@ -517,3 +517,29 @@ async fn jdbc_shaped_transaction_and_batch_answer_like_postgres() {
         .get(0);
     assert_eq!(n, 0);
 }
+
+/// libpq 18 with `max_protocol_version=latest` (psycopg's bundled libpq) asks for protocol 3.2;
+/// pgfence offers 3.0 with NegotiateProtocolVersion, whose version field must be the whole
+/// number 0x00030000 as Postgres sends it: libpq refuses a bare 0 as a "downgrade to pre-3.0".
+#[tokio::test]
+async fn protocol_3_2_startup_is_negotiated_down_to_3_0_as_postgres_does() {
+    let f = Fixture::new().await;
+    let mut replies = Vec::new();
+    for port in [f.cluster.port(), f.proxy.port()] {
+        let mut packet = crate::common::raw::startup_packet(&[
+            ("user", "postgres"),
+            ("database", &f.db),
+            ("_pq_.pgfence_test", "1"),
+        ]);
+        packet[4..8].copy_from_slice(&0x0003_0002u32.to_be_bytes());
+        let mut raw = Raw::connect(port).await;
+        raw.send(&packet).await;
+        let msgs = raw.read_until(|m| m.tag == b'Z' || m.tag == b'E').await;
+        let v = msgs.iter().find(|m| m.tag == b'v').expect("NegotiateProtocolVersion");
+        replies.push(v.body.clone());
+        assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+        assert_eq!(crate::common::raw::tags(&raw.simple("SELECT 1").await), "TDCZ");
+    }
+    assert_eq!(&replies[0][..4], &0x0003_0000u32.to_be_bytes(), "what Postgres sends");
+    assert_eq!(replies[1], replies[0], "pgfence answers the same");
+}
