@@ -62,9 +62,12 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext) {
         declared,
         fences,
         _cancel_key,
+        standard_conforming_strings,
     } = est;
     let mut disp = Dispatcher::new(fences, declared.clone());
-    let shared = Mutex::new(Shared::new(declared));
+    let mut state = Shared::new(declared);
+    state.standard_conforming_strings = standard_conforming_strings;
+    let shared = Mutex::new(state);
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = upstream.split();
     let max = ctx.config.max_message_size;
