@@ -353,11 +353,20 @@ async fn write_hidden_by_standard_conforming_strings_off_is_still_fenced() {
     assert_eq!(code(&s.batch_execute(sql).await), "PF002");
     let on = f.session("").await;
     on.batch_execute("SET standard_conforming_strings = off").await.unwrap();
-    assert_eq!(code(&on.batch_execute(sql).await), "PF002", "after a SET, from ParameterStatus");
+    assert_eq!(
+        code(&on.batch_execute(sql).await),
+        "PF002",
+        "after a SET, from ParameterStatus"
+    );
     assert_eq!(f.note().await.0, "init");
     // Control: straight to Postgres the DELETE runs.
     let direct = connect(f.cluster.port(), &f.db, "-c standard_conforming_strings=off").await;
     direct.batch_execute(sql).await.unwrap();
-    let n: i64 = f.admin.query_one("SELECT count(*) FROM sweep_state", &[]).await.unwrap().get(0);
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM sweep_state", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0);
 }
