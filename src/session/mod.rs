@@ -7,8 +7,8 @@
 //!   declarations from the startup packet (invalid → FATAL PF003)
 //!                 │
 //!                 ▼
-//!   connect upstream, send StartupMessage ──▶ relay auth both ways ──▶ BackendKeyData swapped
-//!                 │                                                          for pgfence's own
+//!   connect upstream, send StartupMessage ──▶ relay auth both ways ──▶ BackendKeyData: same pid,
+//!                 │                                                          pgfence's own secret
 //!                 ▼
 //!   ReadyForQuery ──▶ relay: client_to_upstream ‖ upstream_to_client (one select!)
 //! ```

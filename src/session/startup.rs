@@ -2,7 +2,8 @@
 //!
 //! Authentication is relayed untouched: pgfence holds no credentials. The
 //! upstream's BackendKeyData is kept for cancel requests and the client gets
-//! pgfence's own key instead, so a client can only cancel its own queries.
+//! the same pid with pgfence's own secret, so a client can only cancel its own
+//! queries while `pg_backend_pid()` still matches what its driver reports.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,6 +6,7 @@ mod cli;
 mod common;
 mod demo;
 mod docker;
+mod drivers;
 mod fencing;
 mod harness;
 mod lease;
