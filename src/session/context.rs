@@ -6,7 +6,8 @@ use crate::config::{Fence, Mode};
 use crate::fence::epoch::Epoch;
 use crate::sql::FenceId;
 use crate::sql::classify::{Analysis, Analyzer, FenceSet};
-use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported};
+use crate::sql::lex::Lexing;
+use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported, rewrite_lexing};
 
 /// The fences as seen from one database, shared by its sessions.
 pub struct DbFences {
@@ -18,7 +19,9 @@ pub struct DbFences {
     pub applicable: Vec<FenceId>,
     /// Each fence's lease table as text for the guard, if it has a lease.
     pub lease_tables: Vec<Option<String>>,
-    analyzer: Mutex<Analyzer>,
+    /// Analyzers for `standard_conforming_strings` on (`[0]`, the default) and off (`[1]`):
+    /// the setting changes where strings end, so the two must not share a cache.
+    analyzers: [Mutex<Analyzer>; 2],
     /// Per fence, indexed by [`FenceId`]: its rewrite cache in rewrite mode.
     rewriters: Vec<Option<Mutex<RewriteCache>>>,
 }
@@ -56,13 +59,18 @@ impl DbFences {
             names,
             applicable,
             lease_tables,
-            analyzer: Mutex::new(Analyzer::new(FenceSet::new(tables))),
+            analyzers: [
+                Mutex::new(analyzer(&tables, true)),
+                Mutex::new(analyzer(&tables, false)),
+            ],
         }
     }
 
-    /// Analyses a statement (cached by text).
-    pub fn analyze(&self, sql: &str) -> Arc<Analysis> {
-        let mut analyzer = self.analyzer.lock().unwrap_or_else(|p| p.into_inner());
+    /// Analyses a statement (cached by text) as a session with this
+    /// `standard_conforming_strings` setting reads it.
+    pub fn analyze(&self, sql: &str, standard_conforming_strings: bool) -> Arc<Analysis> {
+        let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
+        let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze(sql)
     }
 
@@ -71,11 +79,30 @@ impl DbFences {
         matches!(self.rewriters.get(usize::from(fence.0)), Some(Some(_)))
     }
 
-    /// `stmt_sql` rewritten for `fence` at `epoch` (cached); `None` if the
-    /// fence is not in rewrite mode.
-    pub fn rewrite(&self, fence: FenceId, stmt_sql: &str, epoch: Epoch) -> Option<Result<Arc<str>, Unsupported>> {
+    /// `stmt_sql` rewritten for `fence` at `epoch`, as a session with this
+    /// `standard_conforming_strings` reads it; `None` if the fence is not in
+    /// rewrite mode. Cached for the default setting (the other is rare).
+    pub fn rewrite(
+        &self,
+        fence: FenceId,
+        stmt_sql: &str,
+        epoch: Epoch,
+        standard_conforming_strings: bool,
+    ) -> Option<Result<Arc<str>, Unsupported>> {
         let cache = self.rewriters.get(usize::from(fence.0))?.as_ref()?;
         let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if !standard_conforming_strings {
+            let lexing = Lexing {
+                standard_conforming_strings,
+            };
+            return Some(rewrite_lexing(stmt_sql, cache.target(), epoch, lexing).map(Arc::from));
+        }
         Some(cache.rewrite(stmt_sql, epoch))
     }
+}
+
+fn analyzer(tables: &[(crate::sql::TableName, FenceId)], standard_conforming_strings: bool) -> Analyzer {
+    let mut a = Analyzer::new(FenceSet::new(tables.to_vec()));
+    a.set_standard_conforming_strings(standard_conforming_strings);
+    a
 }

@@ -39,6 +39,8 @@ pub struct Dispatcher {
     pub(super) rw_statements: HashMap<String, RwStatement>,
     /// Portals bound from those: statement name and the epoch they carry.
     pub(super) rw_portals: HashMap<String, (String, Option<Epoch>)>,
+    /// The session's `standard_conforming_strings`, for rewriting.
+    pub(super) scs: bool,
     /// SQL-level `PREPARE name AS <fenced write>`: what `EXECUTE name` needs.
     sql_prepared: HashMap<String, (bool, Vec<FenceId>)>,
     /// Syncs and Queries sent so far (batch numbers).
@@ -54,6 +56,7 @@ impl Dispatcher {
             sql_prepared: HashMap::new(),
             rw_statements: HashMap::new(),
             rw_portals: HashMap::new(),
+            scs: true,
             sent: 0,
         }
     }
@@ -63,6 +66,7 @@ impl Dispatcher {
         if shared.pending.is_empty() {
             self.speculative = shared.declared.clone();
         }
+        self.scs = shared.standard_conforming_strings;
     }
 
     /// A simple Query. Returns the text to send instead, if it changes.
@@ -73,7 +77,7 @@ impl Dispatcher {
         self.sent += 1;
         // A simple Query destroys the unnamed prepared statement.
         self.rw_statements.remove("");
-        let analysis = self.fences.analyze(sql);
+        let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         if analysis.statements.iter().all(|s| matches!(s.kind, StmtKind::Other)) {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
@@ -190,7 +194,7 @@ impl Dispatcher {
         exact: bool,
     ) -> Option<String> {
         let mut replacement = self.parse_rewrite(name, sql, params, exact);
-        let analysis = self.fences.analyze(sql);
+        let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d) {

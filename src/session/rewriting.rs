@@ -106,7 +106,7 @@ impl Dispatcher {
         };
         // Whether it can be rewritten does not depend on the epoch: check it first.
         let probe = declared.epoch.unwrap_or(Epoch::MIN);
-        if let Some(Err(u)) = self.fences.rewrite(first, stmt_sql, probe) {
+        if let Some(Err(u)) = self.fences.rewrite(first, stmt_sql, probe, self.scs) {
             return Plan::Reject(unanalysable(
                 format!("{} (fence \"{}\"); refused", u.reason, name(first)),
                 u.hint,
@@ -115,7 +115,7 @@ impl Dispatcher {
         let (names, applicable) = (&self.fences.names, &self.fences.applicable);
         match policy::decide(Access::Write(fences), declared, names, applicable) {
             Decision::Reject(r) => Plan::Reject(r),
-            Decision::Guard { fence, epoch } => match self.fences.rewrite(fence, stmt_sql, epoch) {
+            Decision::Guard { fence, epoch } => match self.fences.rewrite(fence, stmt_sql, epoch, self.scs) {
                 Some(Ok(text)) => Plan::Rewrite { fence, epoch, text },
                 Some(Err(u)) => Plan::Reject(unanalysable(u.reason, u.hint)),
                 None => Plan::NotRewrite,
@@ -159,7 +159,7 @@ impl Dispatcher {
     /// returns the rewritten text when the session has an epoch.
     pub(super) fn parse_rewrite(&mut self, name: &str, sql: &str, params: &[u8], exact: bool) -> Option<String> {
         self.rw_statements.remove(name);
-        let analysis = self.fences.analyze(sql);
+        let analysis = self.fences.analyze(sql, self.scs);
         let [stmt] = analysis.statements.as_slice() else {
             return None;
         };
