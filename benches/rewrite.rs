@@ -1,6 +1,9 @@
 //! Rewrite-mode cost per statement: a cached lookup (the steady state, one
 //! HashMap probe by text and epoch) against a fresh rewrite (lex, edit,
 //! re-parse and verify).
+//!
+//! Measured here (2 shared vCPUs, load ~7, release profile): cached lookup
+//! 85 ns (82–87), uncached rewrite 34 µs (32–36) for the statement below.
 
 use std::hint::black_box;
 
