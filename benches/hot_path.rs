@@ -85,7 +85,7 @@ fn analysis(c: &mut Criterion) {
     let short_write = "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 42;";
     let long_write = format!(
         "UPDATE pgbench_accounts SET filler = '{}' WHERE aid IN ({});",
-        "x".repeat(8000),
+        "x".repeat(10_000),
         (0..1500).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
     );
     assert!(long_write.len() > 16_000);
