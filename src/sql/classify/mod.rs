@@ -142,13 +142,17 @@ pub struct Analyzer {
     fences: FenceSet,
     lexing: Lexing,
     cache: HashMap<Box<str>, Arc<Analysis>>,
+    /// Bytes of cached keys, kept under [`CACHE_BYTES`].
+    cached_bytes: usize,
     lower: Vec<u8>,
 }
 
 /// At most this many texts are cached; beyond it an arbitrary one is evicted.
 pub const CACHE_ENTRIES: usize = 1024;
-/// Longer texts are not cached, so the cache stays small (≤ 16 MiB of keys).
-pub const CACHE_MAX_TEXT: usize = 16 * 1024;
+/// Longer texts are not cached (statements this long are rare and parse in milliseconds).
+pub const CACHE_MAX_TEXT: usize = 64 * 1024;
+/// The cache's keys take at most this many bytes, whatever the mix of lengths.
+pub const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 impl Analyzer {
     /// An analyzer for `fences`, assuming `standard_conforming_strings = on`.
@@ -157,6 +161,7 @@ impl Analyzer {
             fences,
             lexing: Lexing::default(),
             cache: HashMap::new(),
+            cached_bytes: 0,
             lower: Vec::new(),
         }
     }
@@ -173,6 +178,7 @@ impl Analyzer {
         if self.lexing.standard_conforming_strings != on {
             self.lexing.standard_conforming_strings = on;
             self.cache.clear();
+            self.cached_bytes = 0;
         }
     }
 
@@ -184,11 +190,14 @@ impl Analyzer {
         let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
         let analysis = Arc::new(analysis);
         if parsed && sql.len() <= CACHE_MAX_TEXT {
-            if self.cache.len() >= CACHE_ENTRIES
-                && let Some(victim) = self.cache.keys().next().cloned()
-            {
+            while self.cache.len() >= CACHE_ENTRIES || self.cached_bytes + sql.len() > CACHE_BYTES {
+                let Some(victim) = self.cache.keys().next().cloned() else {
+                    break;
+                };
+                self.cached_bytes -= victim.len();
                 self.cache.remove(&victim);
             }
+            self.cached_bytes += sql.len();
             self.cache.insert(sql.into(), Arc::clone(&analysis));
         }
         analysis

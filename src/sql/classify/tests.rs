@@ -335,6 +335,15 @@ fn analyzer_caches_and_stays_bounded() {
         an.analyze(&format!("UPDATE invoices SET a = {i}"));
     }
     assert!(an.cache.len() <= CACHE_ENTRIES);
+    // A 16 KB statement is cached too, and long ones stay within the byte budget.
+    let long = format!("UPDATE invoices SET a = '{}'", "x".repeat(16 * 1024));
+    let a = an.analyze(&long);
+    assert!(Arc::ptr_eq(&a, &an.analyze(&long)));
+    for i in 0..300 {
+        an.analyze(&format!("UPDATE invoices SET a = '{}' WHERE b = {i}", "y".repeat(60 * 1024)));
+    }
+    assert!(an.cached_bytes <= CACHE_BYTES);
+    assert_eq!(an.cached_bytes, an.cache.keys().map(|k| k.len()).sum::<usize>());
     // Fast-path texts are not cached at all.
     an.cache.clear();
     an.analyze("SELECT 1");
