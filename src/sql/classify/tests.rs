@@ -340,7 +340,10 @@ fn analyzer_caches_and_stays_bounded() {
     let a = an.analyze(&long);
     assert!(Arc::ptr_eq(&a, &an.analyze(&long)));
     for i in 0..300 {
-        an.analyze(&format!("UPDATE invoices SET a = '{}' WHERE b = {i}", "y".repeat(60 * 1024)));
+        an.analyze(&format!(
+            "UPDATE invoices SET a = '{}' WHERE b = {i}",
+            "y".repeat(60 * 1024)
+        ));
     }
     assert!(an.cached_bytes <= CACHE_BYTES);
     assert_eq!(an.cached_bytes, an.cache.keys().map(|k| k.len()).sum::<usize>());
