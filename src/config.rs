@@ -33,6 +33,9 @@ pub struct RawConfig {
     pub shutdown_grace: Option<f64>,
     /// Seconds to wait for the upstream TCP connection. Default 5.
     pub connect_timeout: Option<f64>,
+    /// Threads serving sessions: 1 (default) runs everything on one thread, like PgBouncer,
+    /// which costs the least CPU per query; 0 means one per CPU, for more than one core of relaying.
+    pub workers: Option<usize>,
     /// The fences; a table belongs to at most one fence (per database).
     #[serde(default, rename = "fence")]
     pub fences: Vec<RawFence>,
@@ -119,6 +122,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Upstream connect timeout.
     pub connect_timeout: Duration,
+    /// Runtime threads (0 = one per CPU).
+    pub workers: usize,
     /// Fences.
     pub fences: Vec<Fence>,
 }
@@ -194,6 +199,12 @@ impl RawConfig {
             .map(RawFence::validate)
             .collect::<Result<Vec<_>, _>>()?;
         check_fences(&fences)?;
+        let workers = self.workers.unwrap_or(1);
+        if workers > 1024 {
+            return Err(ConfigError::Invalid(
+                "workers must be between 0 (one per CPU) and 1024".into(),
+            ));
+        }
         Ok(Config {
             listen,
             upstream,
@@ -201,6 +212,7 @@ impl RawConfig {
             max_message_size,
             shutdown_grace,
             connect_timeout,
+            workers,
             fences,
         })
     }

@@ -66,20 +66,72 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // `serve` reads its config first: the number of threads comes from it.
+    let (command, workers) = match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            upstream,
+        } => match load(config.as_ref(), listen, upstream) {
+            Ok(c) => {
+                let workers = c.workers;
+                (Run::Serve(Arc::new(c)), workers)
+            }
+            Err(e) => {
+                eprintln!("pgfence: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        other => (Run::Other(other), 0),
+    };
+    let runtime = match runtime(workers) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pgfence: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    let result = match command {
+        Run::Serve(config) => runtime.block_on(serve(config)),
+        Run::Other(command) => runtime.block_on(run(command)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pgfence: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `main` runs: `serve` with its config already loaded, or another command.
+enum Run {
+    Serve(Arc<Config>),
+    Other(Command),
+}
+
+/// One thread (like PgBouncer: the least CPU per query, no cross-thread wake-ups) or a
+/// work-stealing pool; 0 means one thread per CPU.
+fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if workers == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if workers > 1 {
+            b.worker_threads(workers);
+        }
+        b.enable_all().build()
+    }
+}
+
+async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
+    let server = Server::bind(config.clone())
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let shutdown = Shutdown::default();
+    tokio::spawn(signals(shutdown.clone()));
+    server.run(shutdown).await;
+    Ok(())
 }
 
 fn load(path: Option<&PathBuf>, listen: Option<String>, upstream: Option<String>) -> anyhow::Result<Config> {
@@ -98,16 +150,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             config,
             listen,
             upstream,
-        } => {
-            let config = Arc::new(load(config.as_ref(), listen, upstream)?);
-            let server = Server::bind(config.clone())
-                .await
-                .with_context(|| format!("cannot listen on {}", config.listen))?;
-            let shutdown = Shutdown::default();
-            tokio::spawn(signals(shutdown.clone()));
-            server.run(shutdown).await;
-            Ok(())
-        }
+        } => serve(Arc::new(load(config.as_ref(), listen, upstream)?)).await,
         Command::Init { database_url, config } => {
             let fences = match config {
                 Some(p) => load(Some(&p), None, None)?.fences,
