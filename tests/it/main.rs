@@ -7,6 +7,7 @@ mod demo;
 mod docker;
 mod fencing;
 mod harness;
+mod jepsen;
 mod lease;
 mod raw_wire;
 mod relay;
