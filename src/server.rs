@@ -78,7 +78,12 @@ impl CancelKeyGuard {
 
 impl Drop for CancelKeyGuard {
     fn drop(&mut self) {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        // The upstream may already have reused this pid for a newer session, which then took
+        // the entry over: only remove our own.
+        if keys.get(&self.pid).is_some_and(|e| e.secret == self.secret) {
+            keys.remove(&self.pid);
+        }
     }
 }
 
@@ -111,21 +116,29 @@ impl ServerContext {
         f
     }
 
-    /// Registers a session's upstream key under a fresh client-facing key.
+    /// Registers a session's upstream key under the client-facing key: the upstream's own pid
+    /// and a fresh secret.
+    ///
+    /// The pid is passed through because clients use it: drivers expose it (psycopg
+    /// `info.backend_pid`, asyncpg `get_server_pid()`, node-pg `processID`) and applications
+    /// compare it with `pg_backend_pid()`, `pg_stat_activity.pid` or the sender pid of a
+    /// NotificationResponse to skip their own NOTIFYs. Only the secret is pgfence's, so the key
+    /// a client holds is worthless against Postgres directly and the upstream secret never
+    /// leaves pgfence. One proxy has one upstream, so live pids are unique; a pid the upstream
+    /// reused while an ended session is still being torn down is taken over by the new session.
     pub fn register_cancel(&self, upstream: UpstreamKey) -> CancelKeyGuard {
         let mut keys = self.cancel_keys.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            let pid = rand::random::<i32>() & 0x3fff_ffff;
-            if pid == 0 || keys.contains_key(&pid) {
-                continue;
-            }
-            let secret = rand::random::<i32>();
-            keys.insert(pid, CancelEntry { secret, upstream });
-            return CancelKeyGuard {
-                pid,
-                secret,
-                keys: self.cancel_keys.clone(),
-            };
+        let mut pid = upstream.pid;
+        // No usable upstream pid (no BackendKeyData): invent one no live session uses.
+        while pid <= 0 || (pid != upstream.pid && keys.contains_key(&pid)) {
+            pid = rand::random::<i32>() & 0x3fff_ffff;
+        }
+        let secret = rand::random::<i32>();
+        keys.insert(pid, CancelEntry { secret, upstream });
+        CancelKeyGuard {
+            pid,
+            secret,
+            keys: self.cancel_keys.clone(),
         }
     }
 

@@ -32,9 +32,15 @@ pub fn backend_key_data(out: &mut BytesMut, pid: i32, secret: i32) {
     encode(out, &BackendKeyData::new(pid, SecretKey::I32(secret)));
 }
 
-/// Appends a NegotiateProtocolVersion message (protocol 3 minor version).
-pub fn negotiate_protocol_version(out: &mut BytesMut, newest_minor: i32, unsupported: Vec<String>) {
-    encode(out, &NegotiateProtocolVersion::new(newest_minor, unsupported));
+/// Appends a NegotiateProtocolVersion message offering protocol 3.`newest_minor`.
+///
+/// The docs call the first field the "newest minor protocol version", but Postgres sends the
+/// whole version number (`major << 16 | minor`, see `SendNegotiateProtocolVersion`), and libpq 18
+/// checks it as such: a bare minor of 0 reads as a "downgrade to pre-3.0 protocol version" and
+/// the connection fails.
+pub fn negotiate_protocol_version(out: &mut BytesMut, newest_minor: u16, unsupported: Vec<String>) {
+    let version = (3 << 16) | i32::from(newest_minor);
+    encode(out, &NegotiateProtocolVersion::new(version, unsupported));
 }
 
 /// Appends a Parse of a named statement with the given parameter types.
@@ -105,6 +111,15 @@ mod tests {
         let mut out = BytesMut::new();
         error_response(&mut out, "FATAL", "08P01", "bad", None);
         let expected: &[u8] = b"E\0\0\0\x1fSFATAL\0VFATAL\0C08P01\0Mbad\0\0";
+        assert_eq!(&out[..], expected);
+    }
+
+    #[test]
+    fn negotiate_protocol_version_carries_the_whole_version_number() {
+        let mut out = BytesMut::new();
+        negotiate_protocol_version(&mut out, 0, vec!["_pq_.x".into()]);
+        // Postgres answers a 3.2 (or `_pq_.`) startup with 0x00030000, not 0: libpq 18 refuses 0.
+        let expected: &[u8] = b"v\0\0\0\x13\0\x03\0\0\0\0\0\x01_pq_.x\0";
         assert_eq!(&out[..], expected);
     }
 

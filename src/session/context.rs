@@ -16,7 +16,9 @@ pub struct DbFences {
     pub applicable: Vec<FenceId>,
     /// Each fence's lease table as text for the guard, if it has a lease.
     pub lease_tables: Vec<Option<String>>,
-    analyzer: Mutex<Analyzer>,
+    /// Analyzers for `standard_conforming_strings` on (`[0]`, the default) and off (`[1]`):
+    /// the setting changes where strings end, so the two must not share a cache.
+    analyzers: [Mutex<Analyzer>; 2],
 }
 
 impl DbFences {
@@ -41,13 +43,24 @@ impl DbFences {
             names,
             applicable,
             lease_tables,
-            analyzer: Mutex::new(Analyzer::new(FenceSet::new(tables))),
+            analyzers: [
+                Mutex::new(analyzer(&tables, true)),
+                Mutex::new(analyzer(&tables, false)),
+            ],
         }
     }
 
-    /// Analyses a statement (cached by text).
-    pub fn analyze(&self, sql: &str) -> Arc<Analysis> {
-        let mut analyzer = self.analyzer.lock().unwrap_or_else(|p| p.into_inner());
+    /// Analyses a statement (cached by text) as a session with this
+    /// `standard_conforming_strings` setting reads it.
+    pub fn analyze(&self, sql: &str, standard_conforming_strings: bool) -> Arc<Analysis> {
+        let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
+        let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze(sql)
     }
+}
+
+fn analyzer(tables: &[(crate::sql::TableName, FenceId)], standard_conforming_strings: bool) -> Analyzer {
+    let mut a = Analyzer::new(FenceSet::new(tables.to_vec()));
+    a.set_standard_conforming_strings(standard_conforming_strings);
+    a
 }

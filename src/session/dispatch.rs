@@ -63,7 +63,7 @@ impl Dispatcher {
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
         self.sent += 1;
-        let analysis = self.fences.analyze(sql);
+        let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         if analysis.statements.iter().all(|s| matches!(s.kind, StmtKind::Other)) {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
@@ -156,7 +156,7 @@ impl Dispatcher {
     /// Parse: analyses the statement; an invalid declaration is replaced by a
     /// statement that raises PF003 when executed.
     pub fn on_parse(&mut self, shared: &mut Shared, name: &str, sql: &str) -> Option<String> {
-        let analysis = self.fences.analyze(sql);
+        let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         let mut replacement = None;
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {

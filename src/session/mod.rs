@@ -7,8 +7,8 @@
 //!   declarations from the startup packet (invalid → FATAL PF003)
 //!                 │
 //!                 ▼
-//!   connect upstream, send StartupMessage ──▶ relay auth both ways ──▶ BackendKeyData swapped
-//!                 │                                                          for pgfence's own
+//!   connect upstream, send StartupMessage ──▶ relay auth both ways ──▶ BackendKeyData: same pid,
+//!                 │                                                          pgfence's own secret
 //!                 ▼
 //!   ReadyForQuery ──▶ relay: client_to_upstream ‖ upstream_to_client (one select!)
 //! ```
@@ -62,9 +62,12 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext) {
         declared,
         fences,
         _cancel_key,
+        standard_conforming_strings,
     } = est;
     let mut disp = Dispatcher::new(fences, declared.clone());
-    let shared = Mutex::new(Shared::new(declared));
+    let mut state = Shared::new(declared);
+    state.standard_conforming_strings = standard_conforming_strings;
+    let shared = Mutex::new(state);
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = upstream.split();
     let max = ctx.config.max_message_size;

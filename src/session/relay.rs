@@ -22,7 +22,7 @@ const READ_CHUNK: usize = 8 * 1024;
 const BIND_PREFIX: usize = 64 * 1024;
 /// Largest small client message (Execute, Close, Describe, Sync, Flush, Terminate).
 const SMALL_MESSAGE: usize = 64 * 1024;
-/// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse) up to this size.
+/// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse, ParameterStatus) up to this size.
 const SERVER_INSPECT: usize = 1024 * 1024;
 /// Buffers grown past this are released once empty.
 const SHRINK_ABOVE: usize = 1024 * 1024;
@@ -346,7 +346,7 @@ where
                 };
                 let total = h.total_len();
                 last_error = h.tag == b'E';
-                if matches!(h.tag, b'Z' | b'C' | b'E') && h.body_len <= SERVER_INSPECT {
+                if matches!(h.tag, b'Z' | b'C' | b'E' | b'S') && h.body_len <= SERVER_INSPECT {
                     if buf.len() - pos < total {
                         need = total - (buf.len() - pos);
                         break;

@@ -2,7 +2,8 @@
 //!
 //! Authentication is relayed untouched: pgfence holds no credentials. The
 //! upstream's BackendKeyData is kept for cancel requests and the client gets
-//! pgfence's own key instead, so a client can only cancel its own queries.
+//! the same pid with pgfence's own secret, so a client can only cancel its own
+//! queries while `pg_backend_pid()` still matches what its driver reports.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,18 +39,21 @@ pub struct Established {
     pub fences: Arc<DbFences>,
     /// Unregisters the cancel key when the session ends.
     pub _cancel_key: CancelKeyGuard,
+    /// The server's `standard_conforming_strings` at startup.
+    pub standard_conforming_strings: bool,
 }
 
 /// Runs startup. `Ok(None)` when the connection was a cancel request or
 /// ended with an error already reported to the client.
 pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Option<Established>, StartupError> {
     match tokio::time::timeout(STARTUP_TIMEOUT, establish_inner(&mut client, ctx)).await {
-        Ok(Ok(Some((upstream, declared, fences, key)))) => Ok(Some(Established {
+        Ok(Ok(Some((upstream, declared, fences, (key, scs))))) => Ok(Some(Established {
             client,
             upstream,
             declared,
             fences,
             _cancel_key: key,
+            standard_conforming_strings: scs,
         })),
         Ok(Ok(None)) => Ok(None),
         Ok(Err(e)) => {
@@ -74,7 +78,7 @@ fn report(e: &StartupError) -> Option<ProxyError> {
     }
 }
 
-type Inner = Option<(TcpStream, Declarations, Arc<DbFences>, CancelKeyGuard)>;
+type Inner = Option<(TcpStream, Declarations, Arc<DbFences>, (CancelKeyGuard, bool))>;
 
 async fn establish_inner(client: &mut TcpStream, ctx: &ServerContext) -> Result<Inner, StartupError> {
     let startup = loop {
@@ -159,13 +163,15 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
 }
 
 /// Relays authentication until ReadyForQuery. Returns the registered cancel
-/// key, or `None` when the upstream refused the session (its error was forwarded).
+/// key and the server's `standard_conforming_strings`, or `None` when the
+/// upstream refused the session (its error was forwarded).
 async fn relay_auth(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     ctx: &ServerContext,
-) -> Result<Option<CancelKeyGuard>, StartupError> {
+) -> Result<Option<(CancelKeyGuard, bool)>, StartupError> {
     let mut key = None;
+    let mut scs = true;
     loop {
         let (tag, msg) = read_message(upstream).await?;
         match tag {
@@ -192,13 +198,19 @@ async fn relay_auth(
                 client.write_all(&msg).await?;
                 // Postgres always sends BackendKeyData for normal sessions; without it
                 // cancel requests for this session simply find nothing.
-                return Ok(Some(
-                    key.unwrap_or_else(|| ctx.register_cancel(UpstreamKey { pid: 0, secret: 0 })),
-                ));
+                let key = key.unwrap_or_else(|| ctx.register_cancel(UpstreamKey { pid: 0, secret: 0 }));
+                return Ok(Some((key, scs)));
             }
             b'E' => {
                 client.write_all(&msg).await?;
                 return Ok(None);
+            }
+            b'S' => {
+                let mut body = Body::new(&msg[HEADER_LEN..]);
+                if body.cstr() == Some(b"standard_conforming_strings") {
+                    scs = body.cstr() != Some(b"off");
+                }
+                client.write_all(&msg).await?;
             }
             _ => client.write_all(&msg).await?,
         }

@@ -147,6 +147,9 @@ pub struct Shared {
     pub statements: HashMap<String, Arc<Analysis>>,
     /// Portals: analysis and the batch they were bound in.
     pub portals: HashMap<String, (Arc<Analysis>, u64)>,
+    /// The server's `standard_conforming_strings` (from ParameterStatus): it decides
+    /// where string literals end, so analysis must follow it.
+    pub standard_conforming_strings: bool,
     /// Shutdown is draining: end the session once no transaction is open.
     pub draining: bool,
     /// Postgres is skipping messages until Sync after an error.
@@ -182,7 +185,11 @@ impl Shared {
     /// Classifies one server message. `body` is given for `Z`, `C` and `E`
     /// (when not oversized).
     pub fn on_server_message(&mut self, tag: u8, body: Option<&[u8]>) -> Verdict {
-        if matches!(tag, b'N' | b'A' | b'S') {
+        if tag == b'S' {
+            self.on_parameter_status(body);
+            return Verdict::Forward;
+        }
+        if matches!(tag, b'N' | b'A') {
             return Verdict::Forward;
         }
         self.drop_skipped();
@@ -271,6 +278,13 @@ impl Shared {
                     }
                 }
             }
+        }
+    }
+
+    fn on_parameter_status(&mut self, body: Option<&[u8]>) {
+        let mut r = frame::Body::new(body.unwrap_or_default());
+        if r.cstr() == Some(b"standard_conforming_strings") {
+            self.standard_conforming_strings = r.cstr() != Some(b"off");
         }
     }
 

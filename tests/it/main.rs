@@ -2,9 +2,11 @@
 //! (`common::pg::Cluster::shared`) instead of starting a server per file.
 
 mod auth;
+mod cli;
 mod common;
 mod demo;
 mod docker;
+mod drivers;
 mod fencing;
 mod harness;
 mod jepsen;

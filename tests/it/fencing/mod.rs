@@ -6,6 +6,7 @@
 mod declare;
 mod durability;
 mod locking;
+mod model;
 mod writes;
 
 use pgfence::config::RawConfig;
@@ -341,4 +342,53 @@ async fn many_same_epoch_writers_see_no_false_rejections() {
     }
     assert_eq!(failures, 0);
     assert_eq!(f.hwm().await, e1);
+}
+
+/// With `standard_conforming_strings = off`, `'a\''` ends early and what looks
+/// like the inside of a string is a DELETE: pgfence must read it as Postgres does.
+#[tokio::test]
+async fn write_hidden_by_standard_conforming_strings_off_is_still_fenced() {
+    let f = Fixture::new().await;
+    let sql = r"SELECT 'a\''; DELETE FROM sweep_state WHERE id = 1; -- '";
+    let s = f.session("-c standard_conforming_strings=off").await;
+    assert_eq!(code(&s.batch_execute(sql).await), "PF002");
+    let on = f.session("").await;
+    on.batch_execute("SET standard_conforming_strings = off").await.unwrap();
+    assert_eq!(
+        code(&on.batch_execute(sql).await),
+        "PF002",
+        "after a SET, from ParameterStatus"
+    );
+    assert_eq!(f.note().await.0, "init");
+    // Control: straight to Postgres the DELETE runs.
+    let direct = connect(f.cluster.port(), &f.db, "-c standard_conforming_strings=off").await;
+    direct.batch_execute(sql).await.unwrap();
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM sweep_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
+
+/// Fence identity is (database, table): a fence restricted to one database
+/// does not touch a table of the same name in another.
+#[tokio::test]
+async fn fence_restricted_to_a_database_leaves_other_databases_alone() {
+    let cluster = Cluster::shared();
+    let fenced_db = cluster.fresh_db().await;
+    let other_db = cluster.fresh_db().await;
+    let toml = format!("[[fence]]\nname = \"sweeper\"\ndatabase = \"{fenced_db}\"\ntables = [\"sweep_state\"]\n");
+    for db in [&fenced_db, &other_db] {
+        let mut admin = cluster.admin(db).await;
+        admin.batch_execute(SEED_SQL).await.unwrap();
+        install(&mut admin, cluster.port(), &toml).await;
+    }
+    let proxy = Proxy::start(cluster.port(), &toml).await;
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id = 1";
+    let s = connect(proxy.port(), &fenced_db, "").await;
+    assert_eq!(code(&s.execute(write, &[]).await), "PF002");
+    let s = connect(proxy.port(), &other_db, "").await;
+    assert_eq!(code(&s.execute(write, &[]).await), "ok");
 }

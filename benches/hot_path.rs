@@ -1,0 +1,113 @@
+//! Micro-benchmarks of the per-message hot path: header framing, the session's
+//! reply attribution, and statement analysis on a cache hit and a miss.
+//!
+//! `cargo bench --bench hot_path` (or `make bench`). Absolute times on shared
+//! machines drift; compare runs of the same machine side by side.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use pgfence::protocol::frame::{Body, peek_header};
+use pgfence::session::declare::Declarations;
+use pgfence::session::state::{Shared, Unit};
+use pgfence::sql::{Analyzer, FenceId, FenceSet, TableName, analyze};
+
+fn fences() -> FenceSet {
+    FenceSet::new(vec![
+        (TableName::parse_config("public.pgbench_accounts").unwrap(), FenceId(0)),
+        (TableName::parse_config("billing.invoices").unwrap(), FenceId(0)),
+    ])
+}
+
+/// A chunk as Postgres sends it for `pgbench -S`: RowDescription, DataRow, CommandComplete, ReadyForQuery.
+fn select_reply() -> Vec<u8> {
+    let mut out = Vec::new();
+    for (tag, body) in [
+        (
+            b'T',
+            &b"\0\x01abalance\0\0\0\0\0\0\0\0\0\0\x17\0\x04\xff\xff\xff\xff\0\0"[..],
+        ),
+        (b'D', &b"\0\x01\0\0\0\x040000"[..]),
+        (b'C', &b"SELECT 1\0"[..]),
+        (b'Z', &b"I"[..]),
+    ] {
+        out.push(tag);
+        out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+fn framing(c: &mut Criterion) {
+    let chunk = select_reply();
+    c.bench_function("frame/walk 4-message reply", |b| {
+        b.iter(|| {
+            let mut pos = 0;
+            let mut n = 0;
+            while let Ok(Some(h)) = peek_header(&chunk[pos..]) {
+                pos += h.total_len();
+                n += 1;
+            }
+            black_box(n)
+        })
+    });
+    let execute = b"E\0\0\0\x09\0\0\0\0\0";
+    c.bench_function("frame/parse Execute", |b| {
+        b.iter(|| {
+            let mut body = Body::new(&black_box(execute)[5..]);
+            black_box((body.cstr(), body.i32()))
+        })
+    });
+}
+
+fn attribution(c: &mut Criterion) {
+    let chunk = select_reply();
+    c.bench_function("state/attribute a simple-query reply", |b| {
+        let mut st = Shared::new(Declarations::default());
+        b.iter(|| {
+            st.pending.push_back(Unit::Query {
+                parts: Vec::new(),
+                done: 0,
+            });
+            let mut pos = 0;
+            while let Ok(Some(h)) = peek_header(&chunk[pos..]) {
+                let body = &chunk[pos + 5..pos + h.total_len()];
+                black_box(st.on_server_message(h.tag, Some(body)));
+                pos += h.total_len();
+            }
+        })
+    });
+}
+
+fn analysis(c: &mut Criterion) {
+    let set = fences();
+    let short_read = "SELECT abalance FROM pgbench_branches WHERE bid = 42;";
+    let short_write = "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 42;";
+    let long_write = format!(
+        "UPDATE pgbench_accounts SET filler = '{}' WHERE aid IN ({});",
+        "x".repeat(8000),
+        (0..1500).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+    );
+    assert!(long_write.len() > 16_000);
+    c.bench_function("analyze/short read, no fenced name (pre-filter)", |b| {
+        b.iter(|| black_box(analyze(black_box(short_read), &set)))
+    });
+    c.bench_function("analyze/short write, miss (full parse)", |b| {
+        b.iter(|| black_box(analyze(black_box(short_write), &set)))
+    });
+    c.bench_function("analyze/16 KB write, miss (full parse)", |b| {
+        b.iter(|| black_box(analyze(black_box(&long_write), &set)))
+    });
+    let mut analyzer = Analyzer::new(fences());
+    analyzer.analyze(short_write);
+    c.bench_function("analyze/short write, cache hit", |b| {
+        b.iter(|| black_box(analyzer.analyze(black_box(short_write))))
+    });
+    analyzer.analyze(&long_write);
+    c.bench_function("analyze/16 KB write, cache hit", |b| {
+        b.iter(|| black_box(analyzer.analyze(black_box(&long_write))))
+    });
+}
+
+criterion_group!(benches, framing, attribution, analysis);
+criterion_main!(benches);

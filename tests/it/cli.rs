@@ -1,0 +1,101 @@
+//! The command line: check-config, init, serve with bad input.
+
+use std::process::Command;
+
+use crate::common::pg::Cluster;
+use crate::common::raw::{Raw, startup_packet};
+
+fn pgfence(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .args(args)
+        .output()
+        .expect("run pgfence");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn write_config(text: &str) -> String {
+    let dir = crate::common::unique_temp_dir("cli");
+    let path = dir.join("pgfence.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn check_config_accepts_the_contract_example_and_explains_errors() {
+    let good = write_config(
+        "listen = \"127.0.0.1:6432\"\nupstream = \"127.0.0.1:5432\"\n[[fence]]\nname = \"invoice-sweeper\"\n\
+         database = \"app\"\ntables = [\"public.sweep_state\", \"billing.invoices\"]\nmode = \"reject\"\n\
+         [fence.lease]\ntable = \"public.leader_lease\"\n",
+    );
+    let (ok, text) = pgfence(&["check-config", "--config", &good]);
+    assert!(ok, "{text}");
+    for (bad, expect) in [
+        ("listen = \"127.0.0.1:6432\"\nlistne = 1\n", "unknown field"),
+        (
+            "[[fence]]\nname = \"a\"\ntables = [\"t\"]\nmode = \"rewrite\"\n",
+            "epoch_column",
+        ),
+        (
+            "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[[fence]]\nname = \"b\"\ntables = [\"t\"]\n",
+            "at most one fence",
+        ),
+        ("upstream = 5432\n", "upstream"),
+    ] {
+        let (ok, text) = pgfence(&["check-config", "--config", &write_config(bad)]);
+        assert!(!ok, "{bad:?} must be refused");
+        assert!(text.contains(expect), "{bad:?}: {text}");
+    }
+    let (ok, text) = pgfence(&["check-config", "--config", "/nonexistent/pgfence.toml"]);
+    assert!(!ok && text.contains("cannot read"), "{text}");
+}
+
+#[tokio::test]
+async fn init_twice_via_the_command_line() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
+    for _ in 0..2 {
+        let url = url.clone();
+        let (ok, text) = tokio::task::spawn_blocking(move || pgfence(&["init", "--database-url", &url]))
+            .await
+            .unwrap();
+        assert!(ok, "{text}");
+    }
+    let admin = cluster.admin(&db).await;
+    let v: i32 = admin
+        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, pgfence::fence::install::SCHEMA_VERSION);
+}
+
+#[test]
+fn serve_with_a_bad_config_exits_non_zero() {
+    let (ok, text) = pgfence(&["serve", "--config", &write_config("bogus = true\n")]);
+    assert!(!ok);
+    assert!(text.contains("unknown field"), "{text}");
+}
+
+#[tokio::test]
+async fn newer_protocol_minor_gets_negotiate_protocol_version() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let proxy = crate::common::inproc::Proxy::start(cluster.port(), "").await;
+    let mut packet = startup_packet(&[("user", "postgres"), ("database", &db), ("_pq_.feature", "x")]);
+    packet[4..8].copy_from_slice(&((3u32 << 16) | 2).to_be_bytes());
+    let mut raw = Raw::connect(proxy.port()).await;
+    raw.send(&packet).await;
+    let msgs = raw.read_until(|m| m.tag == b'Z').await;
+    let v = msgs.first().expect("a reply");
+    assert_eq!(v.tag, b'v', "{msgs:?}");
+    assert_eq!(&v.body[..4], &0i32.to_be_bytes(), "newest minor version supported: 0");
+    assert!(String::from_utf8_lossy(&v.body).contains("_pq_.feature"));
+    assert_eq!(msgs.last().unwrap().tag, b'Z');
+    assert_eq!(crate::common::raw::tags(&raw.simple("SELECT 1").await), "TDCZ");
+}
