@@ -31,7 +31,8 @@ pub struct Plan {
     pub workers: usize,
     pub writers: usize,
     pub lease: Duration,
-    /// Drawn from uniformly for each fault; repeat a kind to make it likelier.
+    /// Drawn from uniformly for each fault (every other fault is a pause if `Pause` is
+    /// listed); repeat a kind to make it likelier.
     pub faults: Vec<Fault>,
     /// Quiet time between faults, drawn uniformly from this range (seconds).
     pub gap_secs: (f64, f64),
@@ -114,10 +115,19 @@ pub async fn run(plan: &Plan) -> RunResult {
     };
 
     let start = Instant::now();
-    while start.elapsed() < plan.duration {
+    for n in 0.. {
+        if start.elapsed() >= plan.duration {
+            break;
+        }
         let (lo, hi) = plan.gap_secs;
         sleep(Duration::from_secs_f64(rng.random_range(lo..hi))).await;
-        let fault = plan.faults[rng.random_range(0..plan.faults.len())];
+        // Every other fault is a pause when pauses are on: they are what fencing is for, and a
+        // short run must not draw none.
+        let fault = if n % 2 == 0 && plan.faults.contains(&Fault::Pause) {
+            Fault::Pause
+        } else {
+            plan.faults[rng.random_range(0..plan.faults.len())]
+        };
         let at = start.elapsed().as_secs_f64();
         let line = env.inject(fault, &mut rng).await;
         eprintln!("jepsen [{at:5.1}s] {line}");
