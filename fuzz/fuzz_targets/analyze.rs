@@ -34,8 +34,16 @@ fuzz_target!(|data: &[u8]| {
     let analysis = analyze_lexing(sql, fences(), lexing);
     let mut end = 0;
     for stmt in &analysis.statements {
-        assert!(stmt.span.start >= end && stmt.span.start <= stmt.span.end, "{:?}", stmt.span);
-        assert!(sql.get(stmt.span.clone()).is_some(), "span {:?} not on char boundaries", stmt.span);
+        assert!(
+            stmt.span.start >= end && stmt.span.start <= stmt.span.end,
+            "{:?}",
+            stmt.span
+        );
+        assert!(
+            sql.get(stmt.span.clone()).is_some(),
+            "span {:?} not on char boundaries",
+            stmt.span
+        );
         end = stmt.span.end;
     }
 });
