@@ -93,6 +93,9 @@ impl Conn {
                 _ => 1,
             };
             let ops: Vec<i64> = (0..n).map(|_| ctx.next_op()).collect();
+            // The work a leader does between deciding to write and writing: the window a pause
+            // turns into a stale write, as a GC pause does to a real leader.
+            sleep(Duration::from_millis(rng.random_range(1..6))).await;
             let attempts = match timeout(OP_TIMEOUT, self.send(style, &ops, &ctx.config.name, epoch)).await {
                 Ok(attempts) => attempts,
                 Err(_) => {
@@ -120,7 +123,6 @@ impl Conn {
             if broken {
                 self.client = None;
             }
-            sleep(Duration::from_millis(rng.random_range(1..6))).await;
         }
         self
     }
