@@ -31,8 +31,8 @@ pub struct Plan {
     pub workers: usize,
     pub writers: usize,
     pub lease: Duration,
-    /// Drawn from uniformly for each fault (every other fault is a pause if `Pause` is
-    /// listed); repeat a kind to make it likelier.
+    /// The kinds of fault to inject: every other fault is a pause if `Pause` is listed, the
+    /// other kinds take turns in between.
     pub faults: Vec<Fault>,
     /// Quiet time between faults, drawn uniformly from this range (seconds).
     pub gap_secs: (f64, f64),
@@ -114,6 +114,8 @@ pub async fn run(plan: &Plan) -> RunResult {
         injected: BTreeMap::new(),
     };
 
+    let others: Vec<Fault> = plan.faults.iter().copied().filter(|f| *f != Fault::Pause).collect();
+    let turn = rng.random_range(0..others.len().max(1));
     let start = Instant::now();
     for n in 0.. {
         if start.elapsed() >= plan.duration {
@@ -121,12 +123,12 @@ pub async fn run(plan: &Plan) -> RunResult {
         }
         let (lo, hi) = plan.gap_secs;
         sleep(Duration::from_secs_f64(rng.random_range(lo..hi))).await;
-        // Every other fault is a pause when pauses are on: they are what fencing is for, and a
-        // short run must not draw none.
-        let fault = if n % 2 == 0 && plan.faults.contains(&Fault::Pause) {
+        // Every other fault is a pause when pauses are on: they are what fencing is for. The
+        // others take turns from a seeded starting point, so even a short run sees each kind.
+        let fault = if others.is_empty() || n % 2 == 0 && plan.faults.contains(&Fault::Pause) {
             Fault::Pause
         } else {
-            plan.faults[rng.random_range(0..plan.faults.len())]
+            others[(turn + n / 2) % others.len()]
         };
         let at = start.elapsed().as_secs_f64();
         let line = env.inject(fault, &mut rng).await;
