@@ -2,9 +2,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::Fence;
+use crate::config::{Fence, Mode};
+use crate::fence::epoch::Epoch;
 use crate::sql::FenceId;
 use crate::sql::classify::{Analysis, Analyzer, FenceSet};
+use crate::sql::lex::Lexing;
+use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported, rewrite_lexing};
 
 /// The fences as seen from one database, shared by its sessions.
 pub struct DbFences {
@@ -19,6 +22,8 @@ pub struct DbFences {
     /// Analyzers for `standard_conforming_strings` on (`[0]`, the default) and off (`[1]`):
     /// the setting changes where strings end, so the two must not share a cache.
     analyzers: [Mutex<Analyzer>; 2],
+    /// Per fence, indexed by [`FenceId`]: its rewrite cache in rewrite mode.
+    rewriters: Vec<Option<Mutex<RewriteCache>>>,
 }
 
 impl DbFences {
@@ -38,7 +43,18 @@ impl DbFences {
             .iter()
             .map(|f| f.lease.as_ref().map(|l| l.table.to_string()))
             .collect();
+        let rewriters = config
+            .iter()
+            .map(|f| match (f.mode, &f.epoch_column) {
+                (Mode::Rewrite, Some(column)) => Some(Mutex::new(RewriteCache::new(RewriteTarget {
+                    tables: f.tables.clone(),
+                    column: column.clone(),
+                }))),
+                _ => None,
+            })
+            .collect();
         Self {
+            rewriters,
             config,
             names,
             applicable,
@@ -56,6 +72,32 @@ impl DbFences {
         let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
         let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze(sql)
+    }
+
+    /// Whether `fence` is in rewrite mode.
+    pub fn is_rewrite(&self, fence: FenceId) -> bool {
+        matches!(self.rewriters.get(usize::from(fence.0)), Some(Some(_)))
+    }
+
+    /// `stmt_sql` rewritten for `fence` at `epoch`, as a session with this
+    /// `standard_conforming_strings` reads it; `None` if the fence is not in
+    /// rewrite mode. Cached for the default setting (the other is rare).
+    pub fn rewrite(
+        &self,
+        fence: FenceId,
+        stmt_sql: &str,
+        epoch: Epoch,
+        standard_conforming_strings: bool,
+    ) -> Option<Result<Arc<str>, Unsupported>> {
+        let cache = self.rewriters.get(usize::from(fence.0))?.as_ref()?;
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if !standard_conforming_strings {
+            let lexing = Lexing {
+                standard_conforming_strings,
+            };
+            return Some(rewrite_lexing(stmt_sql, cache.target(), epoch, lexing).map(Arc::from));
+        }
+        Some(cache.rewrite(stmt_sql, epoch))
     }
 }
 

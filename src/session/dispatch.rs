@@ -12,8 +12,10 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
+use super::rewriting::RwStatement;
 use super::state::{Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
 use crate::fence::call as guard_sql;
+use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::protocol::codec;
 use crate::sql::FenceId;
@@ -31,8 +33,14 @@ enum Need {
 
 /// The client-side half of a session.
 pub struct Dispatcher {
-    fences: Arc<DbFences>,
-    speculative: Declarations,
+    pub(super) fences: Arc<DbFences>,
+    pub(super) speculative: Declarations,
+    /// Client statements that write rewrite-mode tables, by name.
+    pub(super) rw_statements: HashMap<String, RwStatement>,
+    /// Portals bound from those: statement name and the epoch they carry.
+    pub(super) rw_portals: HashMap<String, (String, Option<Epoch>)>,
+    /// The session's `standard_conforming_strings`, for rewriting.
+    pub(super) scs: bool,
     /// SQL-level `PREPARE name AS <fenced write>`: what `EXECUTE name` needs.
     sql_prepared: HashMap<String, (bool, Vec<FenceId>)>,
     /// Syncs and Queries sent so far (batch numbers).
@@ -46,6 +54,9 @@ impl Dispatcher {
             fences,
             speculative: declared,
             sql_prepared: HashMap::new(),
+            rw_statements: HashMap::new(),
+            rw_portals: HashMap::new(),
+            scs: true,
             sent: 0,
         }
     }
@@ -55,6 +66,7 @@ impl Dispatcher {
         if shared.pending.is_empty() {
             self.speculative = shared.declared.clone();
         }
+        self.scs = shared.standard_conforming_strings;
     }
 
     /// A simple Query. Returns the text to send instead, if it changes.
@@ -63,6 +75,8 @@ impl Dispatcher {
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
         self.sent += 1;
+        // A simple Query destroys the unnamed prepared statement.
+        self.rw_statements.remove("");
         let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         if analysis.statements.iter().all(|s| matches!(s.kind, StmtKind::Other)) {
             shared.pending.push_back(Unit::Query {
@@ -84,6 +98,21 @@ impl Dispatcher {
             self.note_sql_prepare(&stmt.kind);
             match self.need(&stmt.kind) {
                 Need::None => {}
+                Need::Write(f) if self.any_rewrite(&f) => {
+                    let (sent, injected) = self.simple_rewrite(shared, &f, &sql[stmt.span.clone()], exact, single);
+                    text.push_str(&sql[copied..stmt.span.start]);
+                    if let Some((injected, call)) = injected {
+                        text.push_str(&call);
+                        text.push(';');
+                        parts.push(Part {
+                            injected: Some(injected),
+                            effect: None,
+                        });
+                    }
+                    text.push_str(&sent);
+                    copied = stmt.span.end;
+                    changed = true;
+                }
                 need => {
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {
                         text.push_str(&sql[copied..stmt.span.start]);
@@ -154,10 +183,18 @@ impl Dispatcher {
     }
 
     /// Parse: analyses the statement; an invalid declaration is replaced by a
-    /// statement that raises PF003 when executed.
-    pub fn on_parse(&mut self, shared: &mut Shared, name: &str, sql: &str) -> Option<String> {
+    /// statement that raises PF003 when executed, a write to a rewrite-mode
+    /// table by its rewrite for the session's epoch (see `rewriting`).
+    pub fn on_parse(
+        &mut self,
+        shared: &mut Shared,
+        name: &str,
+        sql: &str,
+        params: &[u8],
+        exact: bool,
+    ) -> Option<String> {
+        let mut replacement = self.parse_rewrite(name, sql, params, exact);
         let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
-        let mut replacement = None;
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d) {
@@ -171,8 +208,10 @@ impl Dispatcher {
         replacement
     }
 
-    /// Bind: remembers which statement the portal runs.
-    pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str) {
+    /// Bind: remembers which statement the portal runs; re-prepares a
+    /// rewritten statement for a new epoch first (appended to `out`).
+    pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
+        self.bind_rewrite(shared, portal, statement, out);
         let analysis = shared.statements.get(statement).cloned().unwrap_or_default();
         shared.portals.insert(portal.to_owned(), (analysis, self.sent));
         shared.pending.push_back(Unit::Bind(None));
@@ -181,6 +220,13 @@ impl Dispatcher {
     /// Execute: appends the guard (or rejection) messages that must run
     /// before it to `out`, then records the client's Execute.
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
+        if let Some(decision) = self.execute_rewrite(portal) {
+            if let Some(decision) = decision {
+                self.inject_extended(shared, decision, out);
+            }
+            shared.pending.push_back(Unit::Execute(None, None));
+            return;
+        }
         let analysis = shared.portals.get(portal).map(|(a, _)| a.clone()).unwrap_or_default();
         let mut effect = None;
         if let [stmt] = analysis.statements.as_slice() {
@@ -205,6 +251,7 @@ impl Dispatcher {
 
     /// Close of a statement (`S`) or portal (`P`).
     pub fn on_close(&mut self, shared: &mut Shared, kind: u8, name: &str) {
+        self.close_rewrite(kind, name);
         if kind == b'S' {
             shared.statements.remove(name);
         } else {
@@ -284,6 +331,10 @@ impl Dispatcher {
     fn note_sql_prepare(&mut self, kind: &StmtKind) {
         match kind {
             StmtKind::Prepare { name, inner } => match inner.as_ref() {
+                // SQL-level EXECUTE cannot be given a rewritten text: refused (PF004).
+                StmtKind::Write { fences, .. } if self.any_rewrite(fences) => {
+                    self.sql_prepared.insert(name.clone(), (false, fences.clone()));
+                }
                 StmtKind::Write { fences, .. } => {
                     self.sql_prepared.insert(name.clone(), (true, fences.clone()));
                 }
@@ -323,7 +374,7 @@ impl Dispatcher {
         }
     }
 
-    fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {
+    pub(super) fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {
         let f = &self.fences.config[usize::from(fence.0)];
         (
             f.name.as_str(),

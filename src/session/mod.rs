@@ -18,6 +18,7 @@ pub mod declaration;
 pub mod declare;
 mod dispatch;
 mod relay;
+mod rewriting;
 mod startup;
 pub mod state;
 

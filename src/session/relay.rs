@@ -250,7 +250,8 @@ fn handle_client_message(
             let sql = body.cstr().ok_or_else(malformed)?;
             let params = body.rest();
             let text = String::from_utf8_lossy(sql);
-            let Some(new) = disp.on_parse(st, name, &text) else {
+            let exact = matches!(text, std::borrow::Cow::Borrowed(_));
+            let Some(new) = disp.on_parse(st, name, &text, params, exact) else {
                 return Ok(Action::Forward);
             };
             let mut out = BytesMut::with_capacity(new.len() + name.len() + params.len() + 8);
@@ -266,12 +267,17 @@ fn handle_client_message(
         b'B' => {
             let portal = body.cstr_utf8();
             let statement = body.cstr_utf8();
+            let mut out = BytesMut::new();
             match (portal, statement) {
-                (Some(p), Some(s)) => disp.on_bind(st, p, s),
+                (Some(p), Some(s)) => disp.on_bind(st, p, s, &mut out),
                 _ if msg.len() < total => return Err("Bind names too long".into()),
                 _ => return Err(malformed()),
             }
-            Ok(Action::Forward)
+            Ok(if out.is_empty() {
+                Action::Forward
+            } else {
+                Action::Prefix(out)
+            })
         }
         b'E' => {
             let portal = body.cstr_utf8().ok_or_else(malformed)?;

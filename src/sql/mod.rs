@@ -7,11 +7,13 @@
 //! - [`classify`]: per statement, whether it may change a fenced table
 //!   (fail closed), with a bounded cache in [`Analyzer`].
 //! - [`name`]: normalised table names.
+//! - [`rewrite`]: row-level fencing, the statement rewritten to carry the epoch.
 
 pub mod classify;
 pub mod declare;
 pub mod lex;
 pub mod name;
+pub mod rewrite;
 pub mod split;
 
 pub use classify::{Analysis, Analyzer, FenceId, FenceSet, Stmt, StmtKind, analyze, analyze_lexing};

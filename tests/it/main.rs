@@ -13,5 +13,6 @@ mod jepsen;
 mod lease;
 mod raw_wire;
 mod relay;
+mod rewrite;
 mod shutdown;
 mod tools;

@@ -109,7 +109,7 @@ fn proxy_agrees_with_the_model() {
 async fn run_case(f: &Fixture, ops: &[Op]) {
     let mut lease = take_lease(&f.admin, "model").await;
     let mut clients = vec![f.session("").await, f.session("").await];
-    let mut model = vec![Session::default(), Session::default()];
+    let mut model = [Session::default(), Session::default()];
     for (i, op) in ops.iter().enumerate() {
         let ctx = format!("op {i} {op:?} in {ops:?}");
         match *op {

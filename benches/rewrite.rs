@@ -1,0 +1,38 @@
+//! Rewrite-mode cost per statement: a cached lookup (the steady state, one
+//! HashMap probe by text and epoch) against a fresh rewrite (lex, edit,
+//! re-parse and verify).
+//!
+//! Measured here (2 shared vCPUs, load ~7, release profile): cached lookup
+//! 85 ns (82–87), uncached rewrite 34 µs (32–36) for the statement below.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use pgfence::fence::epoch::Epoch;
+use pgfence::sql::name::TableName;
+use pgfence::sql::rewrite::{RewriteCache, RewriteTarget, rewrite};
+
+const SQL: &str = "UPDATE sweep_state SET note = $1 WHERE id = $2 OR note IS NULL RETURNING id";
+
+fn target() -> RewriteTarget {
+    RewriteTarget {
+        tables: vec![TableName::new(Some("public"), "sweep_state")],
+        column: "last_epoch".into(),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let epoch = Epoch::new(7).expect("valid");
+    let mut cache = RewriteCache::new(target());
+    let _ = cache.rewrite(SQL, epoch);
+    c.bench_function("rewrite_cached_lookup", |b| {
+        b.iter(|| cache.rewrite(black_box(SQL), black_box(epoch)))
+    });
+    let t = target();
+    c.bench_function("rewrite_uncached", |b| {
+        b.iter(|| rewrite(black_box(SQL), &t, black_box(epoch)))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,261 @@
+//! Rewrite-mode fences in a session: the statement sent upstream is the
+//! rewritten one, which carries the session's epoch as a literal.
+//!
+//! Simple protocol: the rewritten text replaces the statement's span in the
+//! Query (after the lease guard, when the fence has a lease).
+//!
+//! Extended protocol: a Parse is rewritten for the session's (speculative)
+//! epoch when one is declared, else forwarded as written. Because the epoch is
+//! a literal, a prepared statement is only right for one epoch, so each client
+//! statement remembers the epoch it was prepared for. At Bind, if the session's
+//! epoch is now another one (or the statement was parsed before any epoch was
+//! declared), `Close(S name)` + `Parse(name, rewritten, same parameter types)`
+//! go upstream first; their replies are swallowed. A statement without an epoch
+//! stays as written and its Execute is refused (PF002) before it runs. A portal
+//! remembers the epoch it was bound with: if the epoch changes between its Bind
+//! and its Execute, the Execute is refused (PF004) instead of writing with the
+//! old epoch.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+
+use super::dispatch::Dispatcher;
+use super::state::{Injected, Shared, Unit};
+use crate::error::sqlstate;
+use crate::fence::call as guard_sql;
+use crate::fence::epoch::Epoch;
+use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
+use crate::sql::FenceId;
+use crate::sql::classify::StmtKind;
+
+/// What a write that involves a rewrite-mode fence becomes.
+pub(super) enum Plan {
+    /// No rewrite-mode fence: reject mode's rules apply.
+    NotRewrite,
+    /// Refuse it: Postgres raises this error in its place.
+    Reject(Rejection),
+    /// Send `text` instead; run the lease guard first when the fence has a lease.
+    Rewrite {
+        /// The fence.
+        fence: FenceId,
+        /// The epoch written into the statement.
+        epoch: Epoch,
+        /// The rewritten statement.
+        text: Arc<str>,
+    },
+}
+
+/// A client's prepared statement that writes a rewrite-mode table.
+#[derive(Debug, Clone)]
+pub(super) struct RwStatement {
+    /// The Parse text as the client sent it.
+    pub(super) full: String,
+    /// The statement's span in `full`.
+    pub(super) span: Range<usize>,
+    /// The fences it writes.
+    pub(super) fences: Vec<FenceId>,
+    /// The Parse message's parameter-type section, resent on re-prepare.
+    pub(super) params: Vec<u8>,
+    /// Whether `full` is the client's exact text (it was valid UTF-8).
+    pub(super) exact: bool,
+    /// The epoch the upstream statement carries (`None`: the client's text).
+    pub(super) prepared_for: Option<Epoch>,
+}
+
+fn unanalysable(message: String, hint: &str) -> Rejection {
+    Rejection {
+        code: sqlstate::UNANALYSABLE,
+        message,
+        hint: hint.to_owned(),
+    }
+}
+
+impl Dispatcher {
+    /// Whether any of `fences` is in rewrite mode.
+    pub(super) fn any_rewrite(&self, fences: &[FenceId]) -> bool {
+        fences.iter().any(|&f| self.fences.is_rewrite(f))
+    }
+
+    /// Decides a write to `fences` of the statement `stmt_sql`, in the
+    /// contract's order: PF004 (mixed modes, not rewritable) before PF002/PF003.
+    pub(super) fn plan(&self, fences: &[FenceId], stmt_sql: &str, exact: bool) -> Plan {
+        let Some(&first) = fences.iter().find(|&&f| self.fences.is_rewrite(f)) else {
+            return Plan::NotRewrite;
+        };
+        let name = |f: FenceId| self.fences.names.get(usize::from(f.0)).cloned().unwrap_or_default();
+        if fences.iter().any(|&f| !self.fences.is_rewrite(f)) {
+            return Plan::Reject(unanalysable(
+                format!(
+                    "pgfence: statement writes tables of a reject-mode and a rewrite-mode fence (\"{}\"); refused",
+                    name(first)
+                ),
+                "Write each fence's tables in separate statements.",
+            ));
+        }
+        if !exact {
+            return Plan::Reject(unanalysable(
+                "pgfence: statement is not valid UTF-8 and writes a rewrite-mode table; refused".into(),
+                "Use client_encoding UTF8 for sessions that write fenced tables.",
+            ));
+        }
+        let declared = Declared {
+            epoch: self.speculative.epoch.current().copied(),
+            fence_name: self.speculative.fence.current().map(String::as_str),
+        };
+        // Whether it can be rewritten does not depend on the epoch: check it first.
+        let probe = declared.epoch.unwrap_or(Epoch::MIN);
+        if let Some(Err(u)) = self.fences.rewrite(first, stmt_sql, probe, self.scs) {
+            return Plan::Reject(unanalysable(
+                format!("{} (fence \"{}\"); refused", u.reason, name(first)),
+                u.hint,
+            ));
+        }
+        let (names, applicable) = (&self.fences.names, &self.fences.applicable);
+        match policy::decide(Access::Write(fences), declared, names, applicable) {
+            Decision::Reject(r) => Plan::Reject(r),
+            Decision::Guard { fence, epoch } => match self.fences.rewrite(fence, stmt_sql, epoch, self.scs) {
+                Some(Ok(text)) => Plan::Rewrite { fence, epoch, text },
+                Some(Err(u)) => Plan::Reject(unanalysable(u.reason, u.hint)),
+                None => Plan::NotRewrite,
+            },
+        }
+    }
+
+    /// Whether `fence` has a lease (then the guard checks the epoch against it).
+    pub(super) fn has_lease(&self, fence: FenceId) -> bool {
+        matches!(self.fences.lease_tables.get(usize::from(fence.0)), Some(Some(_)))
+    }
+
+    /// The text sent for a statement that writes a rewrite-mode table in a
+    /// simple Query (the rewritten statement, or a rejection in its place) and
+    /// the guard to run before it.
+    pub(super) fn simple_rewrite(
+        &self,
+        shared: &Shared,
+        fences: &[FenceId],
+        stmt_sql: &str,
+        exact: bool,
+        single: bool,
+    ) -> (String, Option<(Injected, String)>) {
+        match self.plan(fences, stmt_sql, exact) {
+            Plan::Rewrite { fence, epoch, text } => {
+                let guard = (self.has_lease(fence) && !(single && shared.guard_still_held(fence, epoch))).then(|| {
+                    let (name, lease) = self.fence_args(fence);
+                    (
+                        Injected::Guard(fence, epoch),
+                        guard_sql::guard_call(name, epoch, lease, false),
+                    )
+                });
+                (text.to_string(), guard)
+            }
+            Plan::Reject(r) => (guard_sql::reject_call(r.code, &r.message, &r.hint), None),
+            Plan::NotRewrite => (stmt_sql.to_owned(), None),
+        }
+    }
+
+    /// Parse of a statement that writes a rewrite-mode table: remembers it and
+    /// returns the rewritten text when the session has an epoch.
+    pub(super) fn parse_rewrite(&mut self, name: &str, sql: &str, params: &[u8], exact: bool) -> Option<String> {
+        self.rw_statements.remove(name);
+        let analysis = self.fences.analyze(sql, self.scs);
+        let [stmt] = analysis.statements.as_slice() else {
+            return None;
+        };
+        let StmtKind::Write { fences, .. } = &stmt.kind else {
+            return None;
+        };
+        if !self.any_rewrite(fences) {
+            return None;
+        }
+        let mut rw = RwStatement {
+            full: sql.to_owned(),
+            span: stmt.span.clone(),
+            fences: fences.clone(),
+            params: params.to_vec(),
+            exact,
+            prepared_for: None,
+        };
+        let text = match self.plan(&rw.fences, &sql[rw.span.clone()], exact) {
+            Plan::Rewrite { epoch, text, .. } => {
+                rw.prepared_for = Some(epoch);
+                Some(splice(&rw, &text))
+            }
+            _ => None,
+        };
+        self.rw_statements.insert(name.to_owned(), rw);
+        text
+    }
+
+    /// Bind: re-prepares the statement for the session's current epoch when
+    /// it was prepared for another one (appending to `out`), and records the
+    /// epoch the portal carries.
+    pub(super) fn bind_rewrite(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
+        let Some(rw) = self.rw_statements.get(statement) else {
+            self.rw_portals.remove(portal);
+            return;
+        };
+        let plan = self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact);
+        if let Plan::Rewrite { epoch, text, .. } = plan
+            && rw.prepared_for != Some(epoch)
+        {
+            let sql = splice(rw, &text);
+            crate::protocol::codec::close_statement(out, statement);
+            shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
+            parse_raw(out, statement, &sql, &rw.params);
+            shared.pending.push_back(Unit::Parse(Some(Injected::Plumbing)));
+            if let Some(rw) = self.rw_statements.get_mut(statement) {
+                rw.prepared_for = Some(epoch);
+            }
+        }
+        let bound = self.rw_statements.get(statement).and_then(|r| r.prepared_for);
+        self.rw_portals.insert(portal.to_owned(), (statement.to_owned(), bound));
+    }
+
+    /// Execute of a portal bound from a rewrite statement: what must run
+    /// before it (the lease guard or a rejection). `None` when the portal is
+    /// not one of those.
+    pub(super) fn execute_rewrite(&self, portal: &str) -> Option<Option<Decision>> {
+        let (statement, bound) = self.rw_portals.get(portal)?;
+        let rw = self.rw_statements.get(statement)?;
+        Some(match self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact) {
+            Plan::NotRewrite => None,
+            Plan::Reject(r) => Some(Decision::Reject(r)),
+            Plan::Rewrite { epoch, .. } if *bound != Some(epoch) => Some(Decision::Reject(unanalysable(
+                format!("pgfence: the session's epoch changed to {epoch} after this portal was bound; refused"),
+                "Bind the statement again after changing pgfence.epoch.",
+            ))),
+            Plan::Rewrite { fence, epoch, .. } => self.has_lease(fence).then_some(Decision::Guard { fence, epoch }),
+        })
+    }
+
+    /// Close of a client statement or portal.
+    pub(super) fn close_rewrite(&mut self, kind: u8, name: &str) {
+        if kind == b'S' {
+            self.rw_statements.remove(name);
+        } else {
+            self.rw_portals.remove(name);
+        }
+    }
+}
+
+/// The client's Parse text with the statement replaced by `text`.
+fn splice(rw: &RwStatement, text: &str) -> String {
+    let mut out = String::with_capacity(rw.full.len() + text.len());
+    out.push_str(&rw.full[..rw.span.start]);
+    out.push_str(text);
+    out.push_str(&rw.full[rw.span.end..]);
+    out
+}
+
+/// Appends a Parse with the client's raw parameter-type section.
+pub(super) fn parse_raw(out: &mut BytesMut, name: &str, sql: &str, params: &[u8]) {
+    out.put_u8(b'P');
+    out.put_i32((4 + name.len() + 1 + sql.len() + 1 + params.len()) as i32);
+    out.put_slice(name.as_bytes());
+    out.put_u8(0);
+    out.put_slice(sql.as_bytes());
+    out.put_u8(0);
+    out.put_slice(params);
+}

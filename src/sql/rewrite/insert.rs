@@ -1,0 +1,254 @@
+//! INSERT (VALUES, DEFAULT VALUES, a query, ON CONFLICT) and MERGE's INSERT
+//! action: the epoch column is set to the epoch in every new row.
+//!
+//! Postgres assigns values to columns by position, so the column list is
+//! required (without it the epoch column's position is unknown: PF004).
+
+use std::ops::Range;
+
+use super::Unsupported;
+use super::dml::{Res, Rw, shape};
+
+/// The `(a, b, …)` column list at tokens `open..=close`.
+struct Cols {
+    close: usize,
+    len: usize,
+    /// Position of the epoch column, if listed.
+    col: Option<usize>,
+}
+
+/// Words that start a query, so `INSERT INTO t (SELECT …)` is not a column list.
+const QUERY_START: &[&str] = &["select", "values", "with", "table"];
+
+/// Clause keywords that end a SELECT's output list.
+const AFTER_PROJECTION: &[&str] = &[
+    "from", "into", "where", "group", "having", "window", "order", "limit", "offset", "fetch", "for",
+];
+
+impl Rw<'_, '_> {
+    fn cols(&self, open: usize) -> Result<Cols, Unsupported> {
+        let t = self.t;
+        let close = t.close(open).ok_or_else(|| shape("an unbalanced column list"))?;
+        let items = t.items(open + 1, close, t.depth(open) + 1);
+        let mut col = None;
+        for (k, item) in items.iter().enumerate() {
+            if item.len() != 1 || t.ident(item.start).is_none() {
+                return Err(shape("a column list entry that is not a plain column name"));
+            }
+            if self.is_col(item.start) {
+                if col.is_some() {
+                    return Err(shape("the epoch column listed twice"));
+                }
+                col = Some(k);
+            }
+        }
+        Ok(Cols {
+            close,
+            len: items.len(),
+            col,
+        })
+    }
+
+    /// Adds the epoch column to a list that lacks it.
+    fn add_col(&mut self, cols: &Cols) {
+        if cols.col.is_none() {
+            let at = self.t.end(cols.close - 1);
+            self.insert(at, format!(", {}", self.col));
+        }
+    }
+
+    /// One VALUES row `(…)` at `open..=close`.
+    fn row(&mut self, open: usize, close: usize, cols: &Cols) -> Res {
+        let t = self.t;
+        let items = t.items(open + 1, close, t.depth(open) + 1);
+        if items.len() != cols.len || items.iter().any(Range::is_empty) {
+            return Err(shape("a VALUES row whose length differs from the column list"));
+        }
+        match cols.col {
+            Some(k) => {
+                let item = items[k].clone();
+                if item.len() == 1 && t.is(item.start, "default") {
+                    self.replace(t.start(item.start)..t.end(item.start), self.n.clone());
+                    Ok(())
+                } else {
+                    self.value(item)
+                }
+            }
+            None => {
+                self.insert(t.end(close - 1), format!(", {}", self.n));
+                Ok(())
+            }
+        }
+    }
+
+    /// `DEFAULT VALUES` at `i` becomes `(col) VALUES (N)`.
+    fn default_values(&mut self, i: usize) {
+        let t = self.t;
+        let text = format!("({}) VALUES ({})", self.col, self.n);
+        self.replace(t.start(i)..t.end(i + 1), text);
+    }
+
+    /// `VALUES (…), (…)` from `i`; returns the index after the last row.
+    fn values(&mut self, i: usize, cols: &Cols) -> Result<usize, Unsupported> {
+        let t = self.t;
+        let mut r = i + 1;
+        loop {
+            if !t.punct(r, b'(') {
+                return Err(shape("a VALUES list pgfence cannot read"));
+            }
+            let close = t.close(r).ok_or_else(|| shape("an unbalanced VALUES row"))?;
+            self.row(r, close, cols)?;
+            r = close + 1;
+            if !t.punct(r, b',') {
+                return Ok(r);
+            }
+            r += 1;
+        }
+    }
+
+    pub(super) fn insert_stmt(&mut self, a: usize, b: usize, d: u32) -> Res {
+        let t = self.t;
+        if !t.is(a + 1, "into") {
+            return Err(shape("INSERT without INTO"));
+        }
+        let (name, last, mut j) = self.name(a + 2)?;
+        if !self.fenced(&name) {
+            return Ok(());
+        }
+        let q = if t.is(j, "as") {
+            j += 2;
+            j - 1
+        } else {
+            last
+        };
+        let cols = if t.punct(j, b'(') && !QUERY_START.iter().any(|k| t.is(j + 1, k)) && !t.punct(j + 1, b'(') {
+            let c = self.cols(j)?;
+            j = c.close + 1;
+            Some(c)
+        } else {
+            None
+        };
+        if t.is(j, "overriding") {
+            j += 3;
+        }
+        let ret = t.clause(j, b, d, &["returning"]).unwrap_or(b);
+        let on = (j..ret).find(|&k| t.depth(k) == d && t.is(k, "on") && t.is(k + 1, "conflict"));
+        let src_end = on.unwrap_or(ret);
+        let need_cols =
+            || shape("an INSERT without a column list (name the columns, the epoch column's position is unknown)");
+        if t.is(j, "default") && t.is(j + 1, "values") {
+            if cols.is_some() || j + 2 != src_end {
+                return Err(shape("DEFAULT VALUES with a column list"));
+            }
+            self.default_values(j);
+        } else if t.is(j, "values") {
+            let cols = cols.ok_or_else(need_cols)?;
+            if self.values(j, &cols)? != src_end {
+                return Err(shape("VALUES followed by ORDER BY, LIMIT or OFFSET"));
+            }
+            self.add_col(&cols);
+        } else {
+            let cols = cols.ok_or_else(need_cols)?;
+            if j >= src_end {
+                return Err(shape("an INSERT without rows"));
+            }
+            self.insert_query(j, src_end, d, &cols);
+        }
+        if let Some(on) = on {
+            self.on_conflict(on, ret, d, q)?;
+        }
+        self.nodes += 1;
+        Ok(())
+    }
+
+    /// `INSERT … (cols) <query>`: a plain SELECT gets `, N` appended to its
+    /// output list; any other query (or one that gives the epoch column a
+    /// value) is wrapped, `SELECT q.c1, …, N FROM (<query>) AS q (c1, …)`.
+    fn insert_query(&mut self, s: usize, e: usize, d: u32, cols: &Cols) {
+        if cols.col.is_none()
+            && let Some(end) = self.simple_projection(s, e, d)
+        {
+            self.insert(self.t.end(end - 1), format!(", {}", self.n));
+            self.add_col(cols);
+            return;
+        }
+        let t = self.t;
+        let mut outputs = Vec::with_capacity(cols.len + 1);
+        for k in 0..cols.len {
+            outputs.push(if cols.col == Some(k) {
+                self.n.clone()
+            } else {
+                format!("pgfence_q.pgfence_c{}", k + 1)
+            });
+        }
+        if cols.col.is_none() {
+            outputs.push(self.n.clone());
+        }
+        let aliases: Vec<String> = (1..=cols.len).map(|k| format!("pgfence_c{k}")).collect();
+        self.insert(t.start(s), format!("SELECT {} FROM (", outputs.join(", ")));
+        self.insert(t.end(e - 1), format!(") AS pgfence_q ({})", aliases.join(", ")));
+        self.add_col(cols);
+    }
+
+    /// For `SELECT [ALL | DISTINCT [ON (…)]] items …` with no set operation,
+    /// the index just after the output list.
+    fn simple_projection(&self, s: usize, e: usize, d: u32) -> Option<usize> {
+        let t = self.t;
+        if !t.is(s, "select") || t.clause(s, e, d, &["union", "intersect", "except"]).is_some() {
+            return None;
+        }
+        let mut p = s + 1;
+        if t.is(p, "all") {
+            p += 1;
+        } else if t.is(p, "distinct") {
+            p += 1;
+            if t.is(p, "on") {
+                p = t.close(p + 1)? + 1;
+            }
+        }
+        let end = t.clause(p, e, d, AFTER_PROJECTION).unwrap_or(e);
+        (end > p).then_some(end)
+    }
+
+    /// `ON CONFLICT … DO UPDATE SET … [WHERE …]`: the column set and the row check.
+    fn on_conflict(&mut self, on: usize, ret: usize, d: u32, q: usize) -> Res {
+        let t = self.t;
+        let act = t
+            .clause(on + 2, ret, d, &["do"])
+            .ok_or_else(|| shape("ON CONFLICT without DO"))?;
+        if t.is(act + 1, "nothing") {
+            return Ok(());
+        }
+        if !(t.is(act + 1, "update") && t.is(act + 2, "set")) {
+            return Err(shape("an unknown ON CONFLICT action"));
+        }
+        let wh = t.clause(act + 3, ret, d, &["where"]);
+        self.assignments(act + 3, wh.unwrap_or(ret), d)?;
+        self.where_clause(wh, ret, q)
+    }
+
+    /// MERGE's `INSERT [(cols)] [OVERRIDING …] {VALUES (…) | DEFAULT VALUES}`.
+    pub(super) fn merge_insert(&mut self, mut i: usize, end: usize, _d: u32) -> Res {
+        let t = self.t;
+        let cols = if t.punct(i, b'(') {
+            let c = self.cols(i)?;
+            i = c.close + 1;
+            Some(c)
+        } else {
+            None
+        };
+        if t.is(i, "overriding") {
+            i += 3;
+        }
+        if t.is(i, "default") && t.is(i + 1, "values") && cols.is_none() && i + 2 == end {
+            self.default_values(i);
+            return Ok(());
+        }
+        let cols = cols.ok_or_else(|| shape("a MERGE INSERT without a column list"))?;
+        if !t.is(i, "values") || self.values(i, &cols)? != end {
+            return Err(shape("a MERGE INSERT pgfence cannot read"));
+        }
+        self.add_col(&cols);
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! Table-driven tests of the rewriter (the effect on a real Postgres is
+//! tested in `tests/it/rewrite.rs`).
+
+use super::*;
+
+fn target() -> RewriteTarget {
+    RewriteTarget {
+        tables: vec![TableName::new(Some("public"), "sweep_state")],
+        column: "last_epoch".into(),
+    }
+}
+
+fn rw(sql: &str) -> Result<String, Unsupported> {
+    rewrite(sql, &target(), Epoch::new(7).unwrap())
+}
+
+#[test]
+fn rewrites_are_text_edits() {
+    let cases = [
+        (
+            "UPDATE sweep_state SET note = 'x' WHERE id = 1",
+            "UPDATE sweep_state SET note = 'x', last_epoch = 7 WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7",
+        ),
+        (
+            "UPDATE sweep_state SET note = $1, last_epoch = $2 WHERE id = 1 OR id = 2 RETURNING *",
+            "UPDATE sweep_state SET note = $1, last_epoch = CASE WHEN false THEN $2 ELSE 7::BIGINT END WHERE (id = 1 OR id = 2) AND coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING *",
+        ),
+        (
+            "update public.sweep_state s set note = o.n from other o where s.id = o.id",
+            "update public.sweep_state s set note = o.n, last_epoch = 7 from other o where (s.id = o.id) AND coalesce(s.last_epoch, 0) <= 7",
+        ),
+        (
+            "DELETE FROM sweep_state",
+            "DELETE FROM sweep_state WHERE coalesce(sweep_state.last_epoch, 0) <= 7",
+        ),
+        (
+            "DELETE FROM sweep_state AS s USING x WHERE s.id = x.id -- c\nRETURNING s.id",
+            "DELETE FROM sweep_state AS s USING x WHERE (s.id = x.id) AND coalesce(s.last_epoch, 0) <= 7 -- c\nRETURNING s.id",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) VALUES (1, 'a'), (2, $1)",
+            "INSERT INTO sweep_state (id, note, last_epoch) VALUES (1, 'a', 7), (2, $1, 7)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) VALUES (1, 99), (2, DEFAULT)",
+            "INSERT INTO sweep_state (id, last_epoch) VALUES (1, 7), (2, 7)",
+        ),
+        (
+            "INSERT INTO sweep_state DEFAULT VALUES",
+            "INSERT INTO sweep_state (last_epoch) VALUES (7)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) SELECT g, 'x' FROM generate_series(1, 3) g",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT g, 'x', 7 FROM generate_series(1, 3) g",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT 1, 2 UNION SELECT 3, 4",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT 1, 2 UNION SELECT 3, 4) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
+            "INSERT INTO sweep_state AS t (id, note) VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET note = excluded.note WHERE t.note <> 'z' OR true",
+            "INSERT INTO sweep_state AS t (id, note, last_epoch) VALUES (1, 'a', 7) ON CONFLICT (id) DO UPDATE SET note = excluded.note, last_epoch = 7 WHERE (t.note <> 'z' OR true) AND coalesce(t.last_epoch, 0) <= 7",
+        ),
+        (
+            "MERGE INTO sweep_state t USING src s ON t.id = s.id WHEN MATCHED AND s.del THEN DELETE WHEN MATCHED THEN UPDATE SET note = s.note WHEN NOT MATCHED THEN INSERT (id, note) VALUES (s.id, s.note)",
+            "MERGE INTO sweep_state t USING src s ON t.id = s.id WHEN MATCHED AND (s.del) AND coalesce(t.last_epoch, 0) <= 7 THEN DELETE WHEN MATCHED AND coalesce(t.last_epoch, 0) <= 7 THEN UPDATE SET note = s.note, last_epoch = 7 WHEN NOT MATCHED THEN INSERT (id, note, last_epoch) VALUES (s.id, s.note, 7)",
+        ),
+        (
+            "WITH d AS (DELETE FROM sweep_state WHERE id = 1 RETURNING *) INSERT INTO audit (note) SELECT note FROM d",
+            "WITH d AS (DELETE FROM sweep_state WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING *) INSERT INTO audit (note) SELECT note FROM d",
+        ),
+        (
+            "UPDATE sweep_state SET note = CASE WHEN a IS DISTINCT FROM b THEN 'x' END WHERE id IN (SELECT id FROM y WHERE z)",
+            "UPDATE sweep_state SET note = CASE WHEN a IS DISTINCT FROM b THEN 'x' END, last_epoch = 7 WHERE (id IN (SELECT id FROM y WHERE z)) AND coalesce(sweep_state.last_epoch, 0) <= 7",
+        ),
+    ];
+    for (input, want) in cases {
+        assert_eq!(rw(input).as_deref(), Ok(want), "{input}");
+    }
+}
+
+#[test]
+fn what_cannot_be_rewritten_soundly_is_refused() {
+    let cases = [
+        "TRUNCATE sweep_state",
+        "COPY sweep_state FROM STDIN",
+        "ALTER TABLE sweep_state ADD COLUMN x int",
+        "DROP TABLE sweep_state",
+        "INSERT INTO sweep_state VALUES (1, 'a', 0)",
+        "INSERT INTO sweep_state SELECT * FROM x",
+        "UPDATE sweep_state SET (note, last_epoch) = ('a', 1)",
+        "UPDATE sweep_state SET note = 'x' WHERE CURRENT OF c",
+        "UPDATE sweep_state SET last_epoch = 1, last_epoch = 2",
+        "INSERT INTO sweep_state (id) VALUES (1) LIMIT 1",
+        "CALL p()",
+        "SELECT 1",
+    ];
+    for input in cases {
+        assert!(rw(input).is_err(), "{input}: {:?}", rw(input));
+    }
+}
+
+#[test]
+fn unrelated_writes_in_the_same_statement_are_untouched() {
+    let sql = "WITH a AS (UPDATE audit SET note = 'x' RETURNING id) UPDATE sweep_state SET note = 'y' WHERE id IN (SELECT id FROM a)";
+    let out = rw(sql).unwrap();
+    assert!(
+        out.starts_with(
+            "WITH a AS (UPDATE audit SET note = 'x' RETURNING id) UPDATE sweep_state SET note = 'y', last_epoch = 7"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn quoted_epoch_columns_stay_quoted() {
+    let t = RewriteTarget {
+        tables: vec![TableName::new(Some("public"), "T")],
+        column: "Epoch".into(),
+    };
+    let out = rewrite("UPDATE \"T\" SET a = 1", &t, Epoch::new(3).unwrap()).unwrap();
+    assert_eq!(
+        out,
+        "UPDATE \"T\" SET a = 1, \"Epoch\" = 3 WHERE coalesce(\"T\".\"Epoch\", 0) <= 3"
+    );
+}
+
+#[test]
+fn cache_returns_the_same_rewrite_per_epoch() {
+    let mut c = RewriteCache::new(target());
+    let a = c.rewrite("DELETE FROM sweep_state", Epoch::new(1).unwrap()).unwrap();
+    let b = c.rewrite("DELETE FROM sweep_state", Epoch::new(2).unwrap()).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(c.rewrite("DELETE FROM sweep_state", Epoch::new(1).unwrap()).unwrap(), a);
+}
+
+proptest::proptest! {
+    #[test]
+    fn never_panics(sql in "[a-zA-Z_ ,;()'$1=*.\"]{0,60}") {
+        let _ = rw(&sql);
+        let _ = rw(&format!("UPDATE sweep_state {sql}"));
+        let _ = rw(&format!("INSERT INTO sweep_state {sql}"));
+    }
+}

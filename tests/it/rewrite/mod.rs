@@ -1,0 +1,166 @@
+//! Rewrite-mode (row-level) fencing through the proxy, against a real Postgres.
+//!
+//! Every negative test has a control: the same write sent straight to
+//! Postgres lands on the row a newer epoch wrote.
+
+mod corpus;
+mod interleave;
+mod property;
+mod protocol;
+
+use tokio_postgres::Client;
+
+use crate::common::pg::Cluster;
+use crate::fencing::{Fixture, code};
+
+/// A rewrite-mode fence on `sweep_state` and `items`, with the seed's lease.
+pub fn lease_toml() -> String {
+    format!("{}[fence.lease]\ntable = \"public.leader_lease\"\n", no_lease_toml())
+}
+
+/// The same fence without a lease: only the rows carry epochs.
+pub fn no_lease_toml() -> String {
+    "[[fence]]\nname = \"sweeper\"\ntables = [\"public.sweep_state\", \"public.items\"]\nmode = \"rewrite\"\n\
+     epoch_column = \"last_epoch\"\n"
+        .to_owned()
+}
+
+/// A fixture with a rewrite fence (`lease`: with the seed's lease table).
+pub async fn fixture(lease: bool) -> Fixture {
+    let toml = if lease { lease_toml() } else { no_lease_toml() };
+    let f = Fixture::with(Cluster::shared(), &toml).await;
+    f.admin
+        .batch_execute("CREATE TABLE items (id int PRIMARY KEY, note text, n int, last_epoch bigint)")
+        .await
+        .unwrap();
+    f
+}
+
+async fn update_note(c: &Client, note: &str) -> u64 {
+    c.execute("UPDATE sweep_state SET note = $1 WHERE id = 1", &[&note])
+        .await
+        .unwrap()
+}
+
+/// The seed's psql transcript, with pgfence applying the `last_epoch <=` check.
+#[tokio::test]
+async fn rewrite_seed_transcript_stale_update_touches_no_row() {
+    let f = fixture(true).await;
+    let e1 = f.takeover("node-a").await;
+    let a = f.leader(e1).await;
+    assert_eq!(update_note(&a, "a").await, 1);
+    assert_eq!(f.note().await, ("a".to_owned(), e1));
+    let e2 = f.takeover("node-b").await;
+    let b = f.leader(e2).await;
+    assert_eq!(update_note(&b, "b").await, 1);
+    // node-a wakes up: its write reports UPDATE 0, and the simple protocol agrees.
+    assert_eq!(update_note(&a, "a-stale").await, 0);
+    let msgs = a
+        .simple_query("UPDATE sweep_state SET note = 'a-stale' WHERE id = 1")
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            msgs.last(),
+            Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
+        ),
+        "{msgs:?}"
+    );
+    assert_eq!(f.note().await, ("b".to_owned(), e2));
+}
+
+/// The seed's "wrong" unconditional write through pgfence behaves like its
+/// "right" version (`AND last_epoch <= 1`); sent directly it corrupts the row.
+#[tokio::test]
+async fn rewrite_unconditional_write_behaves_like_the_guarded_one() {
+    let f = fixture(false).await;
+    let b = f.leader(2).await;
+    assert_eq!(update_note(&b, "b").await, 1);
+    let direct = f.direct().await;
+    let right = direct
+        .execute(
+            "UPDATE sweep_state SET note = 'a', last_epoch = 1 WHERE id = 1 AND last_epoch <= 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let a = f.leader(1).await;
+    let wrong = a
+        .execute("UPDATE sweep_state SET note = 'a' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    assert_eq!((right, wrong), (0, 0));
+    assert_eq!(f.note().await, ("b".to_owned(), 2));
+    // Control: the unconditional write straight to Postgres lands.
+    let n = direct
+        .execute("UPDATE sweep_state SET note = 'a', last_epoch = 1 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    assert_eq!((n, f.note().await), (1, ("a".to_owned(), 1)));
+}
+
+#[tokio::test]
+async fn rewrite_sets_the_epoch_on_insert_and_upsert_and_returns_rows() {
+    let f = fixture(false).await;
+    let s = f.leader(5).await;
+    let rows = s
+        .query(
+            "INSERT INTO items (id, note, last_epoch) VALUES (1, 'x', 999), (2, 'y', NULL) RETURNING last_epoch",
+            &[],
+        )
+        .await
+        .unwrap();
+    let epochs: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(epochs, vec![5, 5]);
+    let old = f.leader(4).await;
+    let n = old
+        .execute(
+            "INSERT INTO items (id, note) VALUES (1, 'old') ON CONFLICT (id) DO UPDATE SET note = excluded.note",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "a stale upsert must not update the newer row");
+    let note: String = f
+        .admin
+        .query_one("SELECT note FROM items WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(note, "x");
+}
+
+#[tokio::test]
+async fn rewrite_refusals_pf002_pf003_pf004() {
+    let f = fixture(true).await;
+    let e1 = f.takeover("node-a").await;
+    let none = f.session("").await;
+    assert_eq!(code(&none.execute("DELETE FROM sweep_state", &[]).await), "PF002");
+    assert_eq!(code(&none.batch_execute("DELETE FROM sweep_state").await), "PF002");
+    assert_eq!(code(&none.batch_execute("SET pgfence.epoch = 0").await), "PF003");
+    let above = f.leader(e1 + 1).await;
+    assert_eq!(code(&above.batch_execute("DELETE FROM sweep_state").await), "PF003");
+    let s = f.leader(e1).await;
+    for sql in [
+        "TRUNCATE sweep_state",
+        "INSERT INTO sweep_state VALUES (2, 'x', 0)",
+        "ALTER TABLE sweep_state ADD COLUMN z int",
+        "DROP TABLE items",
+    ] {
+        let r = s.batch_execute(sql).await;
+        assert_eq!(code(&r), "PF004", "{sql}");
+        let e = r.unwrap_err();
+        assert!(e.as_db_error().unwrap().hint().is_some(), "{sql}: {e:?}");
+    }
+    // PF004 wins over PF002.
+    assert_eq!(code(&none.batch_execute("TRUNCATE sweep_state").await), "PF004");
+    assert_eq!(f.note().await, ("init".to_owned(), 0));
+    s.batch_execute("UPDATE sweep_state SET note = 'ok' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(f.note().await, ("ok".to_owned(), e1));
+    // tokio-postgres leaves the connection unusable after a failed copy_in, so it goes last.
+    let r = s.copy_in::<_, bytes::Bytes>("COPY sweep_state FROM STDIN").await;
+    assert_eq!(code(&r), "PF004", "COPY FROM");
+    assert_eq!(f.note().await, ("ok".to_owned(), e1));
+}
