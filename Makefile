@@ -106,7 +106,7 @@ bench-pgbench: bench-setup
 
 JEPSEN_SECS ?= 1200
 FUZZ_SECS ?= 600
-FUZZ_TARGETS := frame startup analyze split_declare
+FUZZ_TARGETS := frame startup analyze split_declare rewrite
 
 soak: setup-postgres
 	JEPSEN_SECS=$(JEPSEN_SECS) $(CARGO) test --release --locked --test it jepsen -- --nocapture
