@@ -7,6 +7,8 @@
 #   make demo           setup + the embedded showcase
 #   make bench          criterion micro-benchmarks (classifier, framer)
 #   make bench-pgbench  end-to-end direct vs PgBouncer vs pgfence (benches/pgbench_compare.sh)
+#   make soak           the stale-writer workload with every fault for JEPSEN_SECS (default 1200)
+#   make fuzz           every fuzz target in turn for FUZZ_SECS each (default 600)
 #
 # The tests start their own throwaway Postgres from the installed server binaries, so "setup" only
 # has to make sure the binaries (and the client drivers some tests drive) are there.
@@ -31,10 +33,10 @@ apt_update = $(SUDO) apt-get update -q
 DRIVERS := tests/drivers
 
 .PHONY: help setup setup-postgres setup-python setup-node build test demo fmt fmt-check clippy lint ci \
-        bench-setup bench bench-pgbench clean
+        bench-setup bench bench-pgbench soak fuzz clean
 
 help:
-	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
 
 ## setup ---------------------------------------------------------------------------------------
 
@@ -99,6 +101,24 @@ bench:
 bench-pgbench: bench-setup
 	$(CARGO) build --release --locked
 	bash benches/pgbench_compare.sh
+
+## proving it (docs/TESTING.md) --------------------------------------------------------------------
+
+JEPSEN_SECS ?= 1200
+FUZZ_SECS ?= 600
+FUZZ_TARGETS := frame startup analyze split_declare rewrite
+
+soak: setup-postgres
+	JEPSEN_SECS=$(JEPSEN_SECS) $(CARGO) test --release --locked --test it jepsen -- --nocapture
+
+# One target at a time (fuzzing takes every core it gets). New inputs go to fuzz/work/, so the
+# committed seeds in fuzz/corpus/ stay small. Stable Rust: cargo-fuzz needs RUSTC_BOOTSTRAP.
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  mkdir -p work/$$t && \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -s none $$t work/$$t corpus/$$t -- -max_total_time=$(FUZZ_SECS) -timeout=5; \
+	done
 
 clean:
 	$(CARGO) clean

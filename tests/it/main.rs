@@ -9,6 +9,7 @@ mod docker;
 mod drivers;
 mod fencing;
 mod harness;
+mod jepsen;
 mod lease;
 mod raw_wire;
 mod relay;
