@@ -1,7 +1,6 @@
 //! Every way to declare an epoch × {stale, current, none, invalid}.
 
 use super::{Fixture, code, fence_toml};
-use crate::common::inproc::Proxy;
 use crate::common::pg::{Cluster, try_connect};
 use crate::common::raw::{Raw, codes};
 
@@ -203,5 +202,4 @@ async fn several_fences_need_pgfence_fence() {
         .await
         .unwrap();
     s2.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await.unwrap();
-    drop(Proxy::start(cluster.port(), "").await);
 }
