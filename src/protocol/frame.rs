@@ -116,6 +116,13 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// `Some(on)` when a ParameterStatus body reports `standard_conforming_strings`,
+/// which decides where string literals end for the rest of the session.
+pub fn standard_conforming_strings(body: &[u8]) -> Option<bool> {
+    let mut r = Body::new(body);
+    (r.cstr()? == b"standard_conforming_strings").then(|| r.cstr() != Some(b"off"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +150,19 @@ mod tests {
         assert_eq!(r.cstr(), Some(&b"ab"[..]));
         assert_eq!(r.i32(), None);
         assert_eq!(r.i16(), Some(1));
+    }
+
+    #[test]
+    fn standard_conforming_strings_is_read_from_parameter_status() {
+        assert_eq!(
+            standard_conforming_strings(b"standard_conforming_strings\0off\0"),
+            Some(false)
+        );
+        assert_eq!(
+            standard_conforming_strings(b"standard_conforming_strings\0on\0"),
+            Some(true)
+        );
+        assert_eq!(standard_conforming_strings(b"TimeZone\0UTC\0"), None);
     }
 
     #[test]

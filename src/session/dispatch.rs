@@ -367,11 +367,7 @@ impl Dispatcher {
     }
 
     fn speculate(&mut self, effect: &Effect) {
-        match effect.clone() {
-            Effect::Epoch(scope, v) => self.speculative.epoch.set(scope, v),
-            Effect::Fence(scope, v) => self.speculative.fence.set(scope, v),
-            Effect::ResetAll => self.speculative.reset_all(),
-        }
+        effect.clone().apply_to(&mut self.speculative);
     }
 
     pub(super) fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {

@@ -206,9 +206,8 @@ async fn relay_auth(
                 return Ok(None);
             }
             b'S' => {
-                let mut body = Body::new(&msg[HEADER_LEN..]);
-                if body.cstr() == Some(b"standard_conforming_strings") {
-                    scs = body.cstr() != Some(b"off");
+                if let Some(on) = crate::protocol::frame::standard_conforming_strings(&msg[HEADER_LEN..]) {
+                    scs = on;
                 }
                 client.write_all(&msg).await?;
             }

@@ -82,6 +82,17 @@ pub enum Effect {
     ResetAll,
 }
 
+impl Effect {
+    /// Applies the change to a session's declarations (confirmed or speculative).
+    pub fn apply_to(self, declared: &mut Declarations) {
+        match self {
+            Effect::Epoch(scope, v) => declared.epoch.set(scope, v),
+            Effect::Fence(scope, v) => declared.fence.set(scope, v),
+            Effect::ResetAll => declared.reset_all(),
+        }
+    }
+}
+
 /// How the replies to one statement of a simple Query are treated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
@@ -282,9 +293,8 @@ impl Shared {
     }
 
     fn on_parameter_status(&mut self, body: Option<&[u8]>) {
-        let mut r = frame::Body::new(body.unwrap_or_default());
-        if r.cstr() == Some(b"standard_conforming_strings") {
-            self.standard_conforming_strings = r.cstr() != Some(b"off");
+        if let Some(on) = frame::standard_conforming_strings(body.unwrap_or_default()) {
+            self.standard_conforming_strings = on;
         }
     }
 
@@ -331,11 +341,7 @@ impl Shared {
     }
 
     fn apply(&mut self, effect: Effect) {
-        match effect {
-            Effect::Epoch(scope, v) => self.declared.epoch.set(scope, v),
-            Effect::Fence(scope, v) => self.declared.fence.set(scope, v),
-            Effect::ResetAll => self.declared.reset_all(),
-        }
+        effect.apply_to(&mut self.declared);
     }
 
     /// ReadyForQuery: the batch is over; if no transaction is open any more,
