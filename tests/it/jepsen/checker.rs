@@ -8,10 +8,14 @@
 //! higher epoch) takes that lock exclusively before it can commit, so wherever pgfence orders
 //! two commits their timestamps are strictly ordered too. Equal timestamps are ordered in the
 //! checker's favour (lower epoch first, grant after write): a tie is no evidence of a violation.
+//!
+//! Rewrite-mode rows have no fence-wide order, only a per-row one: two writes of one row
+//! serialise on its row lock (the second re-checks `last_epoch <= N` on the row the first
+//! committed), so their commit timestamps order them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::history::{Event, Kind, Outcome, Record, Snapshot, Write};
+use super::history::{Event, Kind, Outcome, Record, RowChange, Snapshot, Write};
 
 /// A broken invariant, with what it takes to find the evidence in the history files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +56,20 @@ pub enum Violation {
     },
     /// A committed write that no worker recorded attempting (the history lost a line).
     UnrecordedCommit { op: i64 },
+    /// Invariant 1, rewrite mode: in commit order, a write with epoch `epoch` changed `row`
+    /// after a write with the higher `after_epoch` had.
+    RowEpochWentDown {
+        row: i32,
+        op: i64,
+        epoch: i64,
+        after_op: i64,
+        after_epoch: i64,
+    },
+    /// Invariant 4, rewrite mode: the client was told its write changed no row, but it did.
+    UnchangedButChanged { op: i64 },
+    /// A rewrite-mode write changed a row more than once, or the rows' counters disagree
+    /// with the logged changes.
+    RowCountMismatch { op: Option<i64>, expected: i64, found: i64 },
 }
 
 /// Figures of a run, for the report.
@@ -70,6 +88,11 @@ pub struct Stats {
     pub takeovers: usize,
     /// Attempts per style of sending.
     pub by_style: BTreeMap<String, usize>,
+    /// Rewrite mode: attempts, committed row changes, and acknowledged writes that changed
+    /// no row (the row carried a newer epoch).
+    pub row_writes: usize,
+    pub row_changes: usize,
+    pub row_untouched: usize,
 }
 
 impl Stats {
@@ -100,6 +123,7 @@ pub fn check(records: &[Record], snapshot: &Snapshot) -> Report {
     check_grants(records, snapshot, &writes, &mut violations);
     check_outcomes(&writes, snapshot, &mut violations);
     check_counter(&writes, snapshot, &mut violations);
+    check_rows(&writes, snapshot, &mut violations);
     Report {
         violations,
         stats: stats(&writes, snapshot),
@@ -192,7 +216,7 @@ fn check_grants(records: &[Record], snapshot: &Snapshot, writes: &[&Write], out:
 fn check_outcomes(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) {
     let committed: HashMap<i64, &Event> = snapshot.events.iter().map(|e| (e.op, e)).collect();
     let attempted: HashMap<i64, &Write> = writes.iter().map(|w| (w.op, *w)).collect();
-    for w in writes {
+    for w in writes.iter().filter(|w| w.kind != Kind::Row) {
         let present = committed.contains_key(&w.op);
         match (w.outcome, present) {
             (Outcome::Ok, false) => out.push(Violation::AcknowledgedButLost { op: w.op }),
@@ -228,6 +252,71 @@ fn check_outcomes(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violatio
     }
 }
 
+/// Rewrite mode, per row: in commit order a row's epoch never goes down; what the clients were
+/// told matches the changes logged; each change adds 1 to its row's counter.
+fn check_rows(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) {
+    let mut changes: Vec<&RowChange> = snapshot.row_changes.iter().collect();
+    changes.sort_by_key(|c| (c.row, c.commit_us, c.new_epoch, c.op));
+    let mut top: Option<&RowChange> = None;
+    for c in changes {
+        if top.is_some_and(|t| t.row != c.row) {
+            top = None;
+        }
+        if let Some(t) = top
+            && c.new_epoch < t.new_epoch
+        {
+            out.push(Violation::RowEpochWentDown {
+                row: c.row,
+                op: c.op,
+                epoch: c.new_epoch,
+                after_op: t.op,
+                after_epoch: t.new_epoch,
+            });
+        }
+        if top.is_none_or(|t| c.new_epoch > t.new_epoch) {
+            top = Some(c);
+        }
+    }
+
+    let mut per_op: HashMap<i64, i64> = HashMap::new();
+    for c in &snapshot.row_changes {
+        *per_op.entry(c.op).or_default() += 1;
+    }
+    let attempted: HashMap<i64, &Write> = writes.iter().map(|w| (w.op, *w)).collect();
+    for w in writes.iter().filter(|w| w.kind == Kind::Row) {
+        let found = per_op.get(&w.op).copied().unwrap_or(0);
+        match w.outcome {
+            Outcome::Ok if w.rows > 0 && found == 0 => out.push(Violation::AcknowledgedButLost { op: w.op }),
+            Outcome::Ok if w.rows == 0 && found > 0 => out.push(Violation::UnchangedButChanged { op: w.op }),
+            Outcome::Rejected if found > 0 => out.push(Violation::RejectedButCommitted {
+                op: w.op,
+                sqlstate: w.sqlstate.clone(),
+            }),
+            _ => {}
+        }
+        if found > 1 {
+            out.push(Violation::RowCountMismatch {
+                op: Some(w.op),
+                expected: 1,
+                found,
+            });
+        }
+    }
+    for op in per_op.keys() {
+        if !attempted.get(op).is_some_and(|w| w.kind == Kind::Row) {
+            out.push(Violation::UnrecordedCommit { op: *op });
+        }
+    }
+    let logged = snapshot.row_changes.len() as i64;
+    if snapshot.row_sum != logged {
+        out.push(Violation::RowCountMismatch {
+            op: None,
+            expected: logged,
+            found: snapshot.row_sum,
+        });
+    }
+}
+
 /// The counter equals the committed increments, which lie between the acknowledged ones and
 /// the acknowledged plus the unknown ones.
 fn check_counter(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) {
@@ -246,15 +335,25 @@ fn check_counter(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation
 }
 
 fn stats(writes: &[&Write], snapshot: &Snapshot) -> Stats {
-    let committed: BTreeSet<i64> = snapshot.events.iter().map(|e| e.op).collect();
+    let committed: BTreeSet<i64> = snapshot
+        .events
+        .iter()
+        .map(|e| e.op)
+        .chain(snapshot.row_changes.iter().map(|c| c.op))
+        .collect();
     let mut stats = Stats {
         attempted: writes.len(),
         committed: snapshot.events.len(),
         takeovers: snapshot.grants.len(),
+        row_changes: snapshot.row_changes.len(),
         ..Stats::default()
     };
     for w in writes {
         *stats.by_style.entry(w.style.clone()).or_default() += 1;
+        if w.kind == Kind::Row {
+            stats.row_writes += 1;
+            stats.row_untouched += usize::from(w.outcome == Outcome::Ok && w.rows == 0);
+        }
         match w.outcome {
             Outcome::Ok => stats.ok += 1,
             Outcome::Rejected => {

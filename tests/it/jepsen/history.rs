@@ -27,6 +27,11 @@ pub enum Kind {
     Incr,
     /// Inserts `rows` rows into `items` (and one `events` row).
     Insert,
+    /// Bumps one row of the rewrite-mode table `rw_rows` and stamps it with the epoch and the
+    /// op id, in a transaction of its own (no `events` row: the row and its change log are
+    /// the evidence). `rows` is what the client saw change: 1, or 0 when the row carried a
+    /// newer epoch.
+    Row,
 }
 
 impl Kind {
@@ -35,6 +40,7 @@ impl Kind {
         match s {
             "incr" => Some(Kind::Incr),
             "insert" => Some(Kind::Insert),
+            "row" => Some(Kind::Row),
             _ => None,
         }
     }
@@ -63,7 +69,8 @@ pub struct Write {
     pub op: i64,
     /// What it changes.
     pub kind: Kind,
-    /// `items` rows it inserts (0 for [`Kind::Incr`]).
+    /// `items` rows it inserts (0 for [`Kind::Incr`]); for [`Kind::Row`], the rows the client
+    /// saw change (meaningful for [`Outcome::Ok`] only).
     pub rows: i64,
     /// How it was sent (`rmw`, `multi`, `insert_tx`, `pipeline`, `prepared`), for the figures.
     pub style: String,
@@ -109,6 +116,21 @@ pub struct Grant {
     pub commit_us: i64,
 }
 
+/// A committed change of a row of the rewrite-mode table (a row of `rw_log`, filled by a
+/// trigger in the writing transaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowChange {
+    /// The op id the write stamped on the row.
+    pub op: i64,
+    /// Which row.
+    pub row: i32,
+    /// The row's epoch column before and after.
+    pub old_epoch: i64,
+    pub new_epoch: i64,
+    /// Commit time of the writing transaction, microseconds since the Unix epoch.
+    pub commit_us: i64,
+}
+
 /// The database at the end of a run, read on a direct connection.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -120,4 +142,8 @@ pub struct Snapshot {
     pub counter: i64,
     /// `items` rows per op id.
     pub items: BTreeMap<i64, i64>,
+    /// Every committed change of a rewrite-mode row, in any order.
+    pub row_changes: Vec<RowChange>,
+    /// The sum of the rewrite-mode rows' counters (each change adds 1).
+    pub row_sum: i64,
 }

@@ -56,11 +56,11 @@ fn workers() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_writers_under_faults_never_commit_through_pgfence() {
     let plan = Plan {
-        target: Target::Reject,
+        target: Target::Fenced,
         seed: seed(),
         duration: Duration::from_secs(env_u64("JEPSEN_SECS").unwrap_or(40)),
         workers: workers(),
-        writers: 2,
+        writers: 3,
         lease: LEASE,
         // Pauses are the point (every other fault); the others stress what surrounds them.
         faults: vec![Fault::Pause, Fault::KillProxy, Fault::RestartPostgres, Fault::Delay],
@@ -79,7 +79,7 @@ async fn stale_writers_under_faults_never_commit_through_pgfence() {
         result.report.violations
     );
     assert!(
-        s.committed >= 100 && s.takeovers >= 3 && result.injected.get(&Fault::Pause) > Some(&0),
+        s.committed >= 100 && s.row_changes >= 30 && s.takeovers >= 3 && result.injected.get(&Fault::Pause) > Some(&0),
         "the workload barely ran (seed {}; logs in {}): {}",
         plan.seed,
         result.dir.display(),
@@ -89,7 +89,8 @@ async fn stale_writers_under_faults_never_commit_through_pgfence() {
 }
 
 /// The control: the same workload and the same pauses, straight to Postgres. Without a fence
-/// the frozen leader's writes land after the takeover, and the checker must say so.
+/// the frozen leader's writes land after the takeover, and the checker must say so, for the
+/// reject-mode tables and for the rewrite-mode rows alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_without_pgfence_the_checker_finds_stale_commits() {
     let plan = Plan {
@@ -98,7 +99,7 @@ async fn control_without_pgfence_the_checker_finds_stale_commits() {
         // Still shorter than the run through pgfence, so in CI it costs no wall time.
         duration: Duration::from_secs(25),
         workers: workers(),
-        writers: 2,
+        writers: 3,
         lease: LEASE,
         faults: vec![Fault::Pause],
         gap_secs: (0.5, 1.5),
@@ -106,20 +107,23 @@ async fn control_without_pgfence_the_checker_finds_stale_commits() {
     eprintln!("jepsen control: seed {}", plan.seed);
     let result = run(&plan).await;
     eprintln!("{}", result.summary(&plan));
-    let stale = result
-        .report
-        .violations
-        .iter()
-        .filter(|v| {
-            matches!(
-                v,
-                checker::Violation::CommitAfterTakeover { .. } | checker::Violation::EpochWentDown { .. }
-            )
-        })
-        .count();
+    let count = |row_level: bool| {
+        result
+            .report
+            .violations
+            .iter()
+            .filter(|v| match v {
+                checker::Violation::CommitAfterTakeover { .. } | checker::Violation::EpochWentDown { .. } => !row_level,
+                checker::Violation::RowEpochWentDown { .. } => row_level,
+                _ => false,
+            })
+            .count()
+    };
+    let (stale, stale_rows) = (count(false), count(true));
     assert!(
-        stale > 0,
-        "the control found no stale commit, so the checker proves nothing (seed {}; logs in {}): {:#?}",
+        stale > 0 && stale_rows > 0,
+        "the control found {stale} stale commits and {stale_rows} rows overwritten by a stale epoch; \
+         with none the checker proves nothing (seed {}; logs in {}): {:#?}",
         plan.seed,
         result.dir.display(),
         result.report.violations

@@ -2,7 +2,9 @@
 //! names: a read-modify-write in an explicit extended-protocol transaction, a multi-statement
 //! simple Query (one implicit transaction), an explicit `BEGIN … COMMIT` in one simple Query,
 //! pipelined extended-protocol batches, and a prepared statement executed over and over. Each
-//! transaction also inserts its `events` row (see [`super::db`]).
+//! of those transactions also inserts its `events` row (see [`super::db`]). The rewrite-mode
+//! table gets single-row updates on their own: a simple-Query UPDATE and an extended-protocol
+//! upsert (`ON CONFLICT DO UPDATE`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +14,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Statement};
 use tokio_util::sync::CancellationToken;
 
+use super::db::{LEASE_ROW, ROWS, ROWS_FENCE};
 use super::history::{Kind, Outcome, Record, Write};
 use super::worker::Ctx;
 use crate::common::pg::SUPERUSER;
@@ -29,6 +32,13 @@ const PREPARED_INCR: &str = "WITH c AS (UPDATE counter SET v = v + 1 WHERE id = 
 const PIPELINED_INSERT: &str = "WITH i AS (INSERT INTO items VALUES ($1::bigint, 0, $3::bigint)) \
                                 INSERT INTO events VALUES ($1::bigint, $2::text, $3::bigint, 'insert')";
 
+/// The rewrite-mode writes stamp the epoch themselves: through pgfence the rewrite replaces
+/// that value with the session's epoch and adds `last_epoch <= N`; straight to Postgres (the
+/// control) nothing stops a stale epoch from overwriting a newer one.
+const ROW_UPSERT: &str = "INSERT INTO rw_rows (id, v, last_epoch, last_op) VALUES ($1, 1, $2, $3) \
+                          ON CONFLICT (id) DO UPDATE SET v = rw_rows.v + 1, last_epoch = EXCLUDED.last_epoch, \
+                          last_op = EXCLUDED.last_op";
+
 /// The ways a writer sends a fenced write.
 #[derive(Debug, Clone, Copy)]
 enum Style {
@@ -37,16 +47,29 @@ enum Style {
     InsertTx,
     Pipeline,
     Prepared,
+    /// Rewrite mode: a simple-Query UPDATE of one row.
+    RowUpdate,
+    /// Rewrite mode: an extended-protocol upsert that always conflicts (an UPDATE of one row).
+    RowUpsert,
 }
 
 impl Style {
-    fn pick(rng: &mut StdRng) -> Style {
-        match rng.random_range(0..20) {
-            0..6 => Style::Rmw,
-            6..10 => Style::Multi,
-            10..14 => Style::InsertTx,
-            14..17 => Style::Pipeline,
-            _ => Style::Prepared,
+    fn pick(rng: &mut StdRng, fence: Fence) -> Style {
+        match fence {
+            Fence::Reject => match rng.random_range(0..20) {
+                0..6 => Style::Rmw,
+                6..10 => Style::Multi,
+                10..14 => Style::InsertTx,
+                14..17 => Style::Pipeline,
+                _ => Style::Prepared,
+            },
+            Fence::Rows => {
+                if rng.random_bool(0.5) {
+                    Style::RowUpdate
+                } else {
+                    Style::RowUpsert
+                }
+            }
         }
     }
 
@@ -57,6 +80,8 @@ impl Style {
             Style::InsertTx => "insert_tx",
             Style::Pipeline => "pipeline",
             Style::Prepared => "prepared",
+            Style::RowUpdate => "row_update",
+            Style::RowUpsert => "row_upsert",
         }
     }
 }
@@ -69,9 +94,35 @@ struct Attempt {
     result: Result<(), tokio_postgres::Error>,
 }
 
+/// Which fence a writer's connection writes to. A session holds an epoch for one fence
+/// (`pgfence.fence`, declared at connection time), so a leader writes each fence on
+/// connections of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// `counter`, `items`, `events`.
+    Reject,
+    /// `rw_rows`.
+    Rows,
+}
+
+impl Fence {
+    /// Writer `index` of a worker: even ones write the reject-mode fence, odd ones the
+    /// rewrite-mode fence.
+    pub fn of_writer(index: usize) -> Fence {
+        if index % 2 == 0 { Fence::Reject } else { Fence::Rows }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Fence::Reject => LEASE_ROW,
+            Fence::Rows => ROWS_FENCE,
+        }
+    }
+}
+
 /// A writer's connection, kept across terms (a new term declares its epoch with `SET`).
-#[derive(Default)]
 pub struct Conn {
+    fence: Fence,
     client: Option<Client>,
     via: String,
     epoch: i64,
@@ -79,6 +130,16 @@ pub struct Conn {
 }
 
 impl Conn {
+    pub fn new(fence: Fence) -> Conn {
+        Conn {
+            fence,
+            client: None,
+            via: String::new(),
+            epoch: 0,
+            prepared: None,
+        }
+    }
+
     /// Writes until `term_over` fires, then hands the connection back for the next term.
     pub async fn write_term(mut self, ctx: Arc<Ctx>, epoch: i64, term_over: CancellationToken, seed: u64) -> Conn {
         let mut rng = StdRng::seed_from_u64(seed);
@@ -87,7 +148,7 @@ impl Conn {
                 sleep(Duration::from_millis(50)).await;
                 continue;
             }
-            let style = Style::pick(&mut rng);
+            let style = Style::pick(&mut rng, self.fence);
             let n = match style {
                 Style::Pipeline => PIPELINE,
                 _ => 1,
@@ -96,7 +157,8 @@ impl Conn {
             // The work a leader does between deciding to write and writing: the window a pause
             // turns into a stale write, as a GC pause does to a real leader.
             sleep(Duration::from_millis(rng.random_range(1..6))).await;
-            let attempts = match timeout(OP_TIMEOUT, self.send(style, &ops, &ctx.config.name, epoch)).await {
+            let row = rng.random_range(1..=ROWS);
+            let attempts = match timeout(OP_TIMEOUT, self.send(style, &ops, &ctx.config.name, epoch, row)).await {
                 Ok(attempts) => attempts,
                 Err(_) => {
                     self.client = None;
@@ -152,7 +214,10 @@ impl Conn {
             .port(endpoint.port)
             .user(SUPERUSER)
             .dbname(&ctx.config.db)
-            .options(format!("-c pgfence.epoch={epoch}"))
+            .options(format!(
+                "-c pgfence.epoch={epoch} -c pgfence.fence={}",
+                self.fence.name()
+            ))
             .connect_timeout(Duration::from_secs(2));
         let Ok(Ok((client, connection))) = timeout(OP_TIMEOUT, config.connect(NoTls)).await else {
             return false;
@@ -181,8 +246,9 @@ impl Conn {
         }
     }
 
-    /// Sends the transactions of one `style`; one attempt per op id.
-    async fn send(&mut self, style: Style, ops: &[i64], worker: &str, epoch: i64) -> Vec<Attempt> {
+    /// Sends the transactions of one `style`; one attempt per op id. `row` is the row a
+    /// rewrite-mode style writes.
+    async fn send(&mut self, style: Style, ops: &[i64], worker: &str, epoch: i64, row: i32) -> Vec<Attempt> {
         let client = self.client.as_mut().expect("ready() connected");
         let (kind, rows) = shape(style);
         let attempt = |op, result| Attempt { op, kind, rows, result };
@@ -232,7 +298,35 @@ impl Conn {
                 .await;
                 vec![attempt(ops[0], result)]
             }
+            Style::RowUpdate => {
+                let sql = format!(
+                    "UPDATE rw_rows SET v = v + 1, last_epoch = {epoch}, last_op = {} WHERE id = {row}",
+                    ops[0]
+                );
+                let result = client.simple_query(&sql).await.map(|messages| {
+                    messages.iter().find_map(|m| match m {
+                        SimpleQueryMessage::CommandComplete(n) => Some(*n),
+                        _ => None,
+                    })
+                });
+                vec![row_attempt(ops[0], result.map(|n| n.unwrap_or(0)))]
+            }
+            Style::RowUpsert => {
+                let result = client.execute(ROW_UPSERT, &[&row, &epoch, &ops[0]]).await;
+                vec![row_attempt(ops[0], result)]
+            }
         }
+    }
+}
+
+/// A rewrite-mode attempt: the rows it changed are what the client was told.
+fn row_attempt(op: i64, result: Result<u64, tokio_postgres::Error>) -> Attempt {
+    let rows = result.as_ref().map_or(0, |&n| n as i64);
+    Attempt {
+        op,
+        kind: Kind::Row,
+        rows,
+        result: result.map(drop),
     }
 }
 
@@ -242,6 +336,8 @@ fn shape(style: Style) -> (Kind, i64) {
         Style::Rmw | Style::Multi | Style::Prepared => (Kind::Incr, 0),
         Style::InsertTx => (Kind::Insert, 3),
         Style::Pipeline => (Kind::Insert, 1),
+        // The count the client will be told; for an unknown outcome nobody was told anything.
+        Style::RowUpdate | Style::RowUpsert => (Kind::Row, 0),
     }
 }
 

@@ -54,7 +54,7 @@ impl RunResult {
         let faults: Vec<String> = self.injected.iter().map(|(f, n)| format!("{}={n}", f.name())).collect();
         format!(
             "jepsen {:?} seed={} secs={}: attempted={} ok={} rejected={} {:?} unknown={} (committed {}) \
-             committed={} takeovers={} faults=[{}] styles={:?} violations={}",
+             committed={} rows: writes={} changed={} untouched={} takeovers={} faults=[{}] styles={:?} violations={}",
             plan.target,
             plan.seed,
             plan.duration.as_secs(),
@@ -65,6 +65,9 @@ impl RunResult {
             s.unknown,
             s.unknown_committed,
             s.committed,
+            s.row_writes,
+            s.row_changes,
+            s.row_untouched,
             s.takeovers,
             faults.join(" "),
             s.by_style,

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::db::LEASE_ROW;
 use super::history::Record;
-use super::ops::Conn;
+use super::ops::{Conn, Fence};
 use crate::common::pg::SUPERUSER;
 
 /// The variable carrying a worker's [`WorkerConfig`] as JSON.
@@ -133,7 +133,9 @@ async fn run(config: WorkerConfig) {
         next_op: AtomicI64::new(0),
         config,
     });
-    let mut conns: Vec<Conn> = (0..ctx.config.writers).map(|_| Conn::default()).collect();
+    let mut conns: Vec<Conn> = (0..ctx.config.writers)
+        .map(|i| Conn::new(Fence::of_writer(i)))
+        .collect();
     while !stop.is_cancelled() {
         let leadership = tokio::select! {
             () = stop.cancelled() => break,
