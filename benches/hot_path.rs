@@ -82,30 +82,45 @@ fn attribution(c: &mut Criterion) {
 fn analysis(c: &mut Criterion) {
     let set = fences();
     let short_read = "SELECT abalance FROM pgbench_branches WHERE bid = 42;";
+    // A plain INSERT/UPDATE/DELETE/MERGE: the lexer reads its target, no parse.
     let short_write = "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 42;";
+    let ids = (0..1500).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let long_write = format!(
-        "UPDATE pgbench_accounts SET filler = '{}' WHERE aid IN ({});",
-        "x".repeat(10_000),
-        (0..1500).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+        "UPDATE pgbench_accounts SET filler = '{}' WHERE aid IN ({ids});",
+        "x".repeat(10_000)
     );
-    assert!(long_write.len() > 16_000);
+    // A data-modifying WITH: sqlparser parses it (and the analyzer caches the result).
+    let short_cte = "WITH u AS (UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 42 \
+                     RETURNING aid) SELECT aid FROM u;";
+    let long_cte = format!(
+        "WITH u AS (UPDATE pgbench_accounts SET filler = '{}' WHERE aid IN ({ids}) RETURNING aid) \
+         SELECT aid FROM u;",
+        "x".repeat(10_000)
+    );
+    assert!(long_write.len() > 16_000 && long_cte.len() > 16_000);
     c.bench_function("analyze/short read, no fenced name (pre-filter)", |b| {
         b.iter(|| black_box(analyze(black_box(short_read), &set)))
     });
-    c.bench_function("analyze/short write, miss (full parse)", |b| {
+    c.bench_function("analyze/short plain write (lexer)", |b| {
         b.iter(|| black_box(analyze(black_box(short_write), &set)))
     });
-    c.bench_function("analyze/16 KB write, miss (full parse)", |b| {
+    c.bench_function("analyze/16 KB plain write (lexer)", |b| {
         b.iter(|| black_box(analyze(black_box(&long_write), &set)))
     });
-    let mut analyzer = Analyzer::new(fences());
-    analyzer.analyze(short_write);
-    c.bench_function("analyze/short write, cache hit", |b| {
-        b.iter(|| black_box(analyzer.analyze(black_box(short_write))))
+    c.bench_function("analyze/short CTE write, miss (full parse)", |b| {
+        b.iter(|| black_box(analyze(black_box(short_cte), &set)))
     });
-    analyzer.analyze(&long_write);
-    c.bench_function("analyze/16 KB write, cache hit", |b| {
-        b.iter(|| black_box(analyzer.analyze(black_box(&long_write))))
+    c.bench_function("analyze/16 KB CTE write, miss (full parse)", |b| {
+        b.iter(|| black_box(analyze(black_box(&long_cte), &set)))
+    });
+    let mut analyzer = Analyzer::new(fences());
+    analyzer.analyze(short_cte);
+    c.bench_function("analyze/short CTE write, cache hit", |b| {
+        b.iter(|| black_box(analyzer.analyze(black_box(short_cte))))
+    });
+    analyzer.analyze(&long_cte);
+    c.bench_function("analyze/16 KB CTE write, cache hit", |b| {
+        b.iter(|| black_box(analyzer.analyze(black_box(&long_cte))))
     });
 }
 

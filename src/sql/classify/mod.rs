@@ -2,7 +2,7 @@
 //!
 //! The classifier fails closed: a statement that mentions a fenced table and
 //! cannot be understood is [`StmtKind::Unanalysable`] (the caller answers it
-//! with PF004), never [`StmtKind::Other`]. It works in three tiers, cheapest
+//! with PF004), never [`StmtKind::Other`]. It works in four tiers, cheapest
 //! first, because almost all traffic is not a fenced write:
 //!
 //! 1. **Dispatch on the first keyword** with the small lexer: declarations,
@@ -12,7 +12,10 @@
 //!    fenced table name searched with `memchr::memmem`. A statement that names
 //!    no fenced table (and has no `U&"…"` identifier, which could spell any
 //!    name) is [`StmtKind::Other`] without parsing.
-//! 3. **sqlparser** (PostgreSqlDialect) for the rest, with a token-based
+//! 3. **Plain DML** (`INSERT`, `UPDATE`, `DELETE`, `MERGE` first): the lexer
+//!    reads the target, the only table such a statement can write, since
+//!    Postgres allows a data-modifying WITH only at the top.
+//! 4. **sqlparser** (PostgreSqlDialect) for the rest, with a token-based
 //!    fallback for what it cannot parse (`WHERE CURRENT OF`, `FOR NO KEY
 //!    UPDATE`, over-long statements).
 //!
@@ -301,6 +304,9 @@ impl<'a> Ctx<'a> {
         if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
             return StmtKind::Other;
         }
+        if let Some(kind) = self.plain_dml(&span, first) {
+            return kind;
+        }
         if text.len() > MAX_PARSE_BYTES {
             return self.fallback(&span, first);
         }
@@ -312,6 +318,29 @@ impl<'a> Ctx<'a> {
             },
             None => self.fallback(&span, first),
         }
+    }
+
+    /// A statement that starts with INSERT, UPDATE, DELETE or MERGE writes
+    /// only its target: Postgres refuses a data-modifying WITH anywhere but at
+    /// the top of a statement (0A000), and everything after the target is read.
+    /// The lexer reads that target in a fraction of a parse, and applications
+    /// that inline their values send texts no cache would ever see twice.
+    /// `None` (parse instead) when the target cannot be read or a `U&"…"`
+    /// identifier could spell any name.
+    fn plain_dml(&self, span: &Range<usize>, first: &str) -> Option<StmtKind> {
+        if !matches!(first, "insert" | "update" | "delete" | "merge") {
+            return None;
+        }
+        let lower = self.lower.get(span.clone()).unwrap_or(&[]);
+        if memchr::memmem::find(lower, b"u&").is_some() {
+            return None;
+        }
+        let (names, _) = forms::dml_targets(self.text(span), self.lexing)?;
+        let mut hits = Hits::default();
+        for name in &names {
+            hits.name(name, self.fences);
+        }
+        Some(hits.into_write(self.fences))
     }
 
     /// What sqlparser could not parse: read the target of a plain DML
