@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -28,11 +28,18 @@ struct Migration {
 }
 
 /// Every migration, in order; the last one's version is [`SCHEMA_VERSION`].
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_init",
-    sql: include_str!("sql/0001_init.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_init",
+        sql: include_str!("sql/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_fast_guard",
+        sql: include_str!("sql/0002_fast_guard.sql"),
+    },
+];
 
 /// Serialises installers. The two-int key space (`'pgfe'`, 1) cannot collide with the
 /// fences' bigint keys (`pgfence.lock_key`).
@@ -108,6 +115,8 @@ fn pg_message(e: &tokio_postgres::Error) -> String {
 /// changes nothing, and a second run changes nothing.
 pub async fn install(client: &mut Client, fences: &[Fence]) -> Result<InstallReport, InstallError> {
     let tx = client.transaction().await?;
+    // `IF NOT EXISTS` and `DROP … IF EXISTS` would otherwise log a NOTICE each time.
+    tx.batch_execute("SET LOCAL client_min_messages = warning").await?;
     tx.batch_execute(INSTALL_LOCK).await?;
     tx.batch_execute(BOOTSTRAP).await?;
     let database: String = tx

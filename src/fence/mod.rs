@@ -43,6 +43,18 @@
 //!    COMMITTED each statement takes a fresh snapshot after the lock is granted, so a
 //!    plain read suffices and the row is not dirtied by every writer.
 //!
+//! 6. The short path (`0002_fast_guard.sql`): `pgfence.guard` itself handles the steady
+//!    state, a READ COMMITTED write of the epoch that is already current, with the
+//!    caller's rights — shared lock, one read of the fence row (and, with a lease, of the
+//!    trigger in the same query), return — and hands every other case, errors included,
+//!    to `pgfence.guard_full` (steps 1–5, with the installer's rights). Without a lease the
+//!    shared lock is only right once the HWM has reached the epoch (else the call must bump
+//!    with the lock exclusive, and a shared holder cannot upgrade without risking a
+//!    deadlock): `guard_full` records `<epoch> <fence>` in the transactional session
+//!    setting `pgfence.guard_passed` whenever it lets a write through, so the marker never
+//!    outlives a rolled-back bump, and the short path falls through to `guard_full` if it
+//!    still finds the HWM below the epoch.
+//!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new
 //! epoch that overlap it wait for it once. With a lease the trigger has already raised the

@@ -7,6 +7,7 @@ mod declare;
 mod durability;
 mod locking;
 mod model;
+mod short_path;
 mod writes;
 
 use pgfence::config::RawConfig;

@@ -1,0 +1,177 @@
+//! The guard's short path (`0002_fast_guard.sql`): the steady state passes with the
+//! caller's rights and one read, and nothing it skips lets a stale epoch through — not a
+//! rolled-back bump, not a hand-set marker, not a hostile `search_path`, not a disabled
+//! lease trigger. Each test has its control: the same write straight to Postgres lands.
+
+use super::{Fixture, code};
+use crate::common::pg::Cluster;
+
+const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
+const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
+
+/// The marker the full guard leaves: what the short path trusts.
+async fn marker(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one(
+            "SELECT coalesce(current_setting('pgfence.guard_passed', true), '')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_rolled_back_bump_takes_its_marker_with_it() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let five = f.leader(5).await;
+    five.batch_execute(&format!("BEGIN; {WRITE}")).await.unwrap();
+    assert_eq!(
+        marker(&five).await,
+        "5 sweeper",
+        "the bump left its marker in the transaction"
+    );
+    five.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(marker(&five).await, "", "the marker rolled back with the bump");
+    assert_eq!(f.hwm().await, 0);
+    // The HWM never reached 5, so epoch 3 may still write ...
+    f.leader(3).await.execute(WRITE, &[]).await.unwrap();
+    // ... and the epoch-5 session bumps again rather than trusting a marker it no longer has.
+    five.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(f.hwm().await, 5);
+    assert_eq!(code(&f.leader(3).await.execute(WRITE, &[]).await), "PF001");
+    // Steady state: the short path lets the current epoch through, again and again.
+    for _ in 0..3 {
+        five.execute(WRITE, &[]).await.unwrap();
+    }
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_hand_set_marker_changes_nothing() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    f.leader(2).await.execute(WRITE, &[]).await.unwrap();
+    let direct = f.direct().await;
+    // A marker claiming the HWM reached 9: the short path finds 2 and hands over to the
+    // full guard, which bumps properly.
+    direct
+        .batch_execute("SELECT set_config('pgfence.guard_passed', '9 sweeper', false)")
+        .await
+        .unwrap();
+    direct
+        .batch_execute("SELECT pgfence.guard('sweeper', 9, NULL, true)")
+        .await
+        .unwrap();
+    assert_eq!(f.hwm().await, 9);
+    // A marker for a stale epoch does not make it current.
+    direct
+        .batch_execute("SELECT set_config('pgfence.guard_passed', '4 sweeper', false)")
+        .await
+        .unwrap();
+    assert_eq!(
+        code(
+            &direct
+                .batch_execute("SELECT pgfence.guard('sweeper', 4, NULL, true)")
+                .await
+        ),
+        "PF001"
+    );
+    // Control: without the guard the stale session writes.
+    assert_eq!(direct.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_hostile_search_path_does_not_change_the_verdict() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    f.leader(7).await.execute(WRITE, &[]).await.unwrap();
+    // Operators that say every bigint equals, and is at least, every other one.
+    f.admin
+        .batch_execute(
+            "CREATE SCHEMA evil;
+             CREATE FUNCTION evil.yes(bigint, bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+             CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes);
+             CREATE OPERATOR evil.>= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes);
+             CREATE OPERATOR evil.<= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes);
+             CREATE FUNCTION evil.yes_text(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+             CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.yes_text);",
+        )
+        .await
+        .unwrap();
+    let stale = f.leader(3).await;
+    stale
+        .batch_execute("SET search_path = evil, pg_catalog, public")
+        .await
+        .unwrap();
+    // The control for the operators: unqualified, they do lie in this session.
+    let lie: bool = stale
+        .query_one("SELECT 3::bigint = 7::bigint", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(lie, "the hostile operator is in effect");
+    stale
+        .batch_execute("SELECT set_config('pgfence.guard_passed', '3 sweeper', false)")
+        .await
+        .unwrap();
+    assert_eq!(code(&stale.execute(WRITE, &[]).await), "PF001");
+    assert_eq!(f.hwm().await, 7);
+}
+
+#[tokio::test]
+async fn a_disabled_lease_trigger_is_noticed_after_the_short_path_ran() {
+    let f = Fixture::new().await;
+    let epoch = f.takeover("a").await;
+    let leader = f.leader(epoch).await;
+    for _ in 0..3 {
+        leader.execute(WRITE, &[]).await.unwrap();
+    }
+    f.admin
+        .batch_execute("ALTER TABLE leader_lease DISABLE TRIGGER pgfence_lease")
+        .await
+        .unwrap();
+    assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF005");
+    // Control: straight to Postgres nothing notices.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn the_steady_state_skips_the_full_guard() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let direct = f.direct().await;
+    let calls = |name: &'static str| {
+        let direct = &direct;
+        async move {
+            direct
+                .query_one(
+                    "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions WHERE funcname = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    direct
+        .batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        direct
+            .batch_execute("SELECT pgfence.guard('sweeper', 5, NULL, true)")
+            .await
+            .unwrap();
+    }
+    // The first call bumps (full guard); the other three pass on the short path.
+    assert_eq!((calls("guard").await, calls("guard_full").await), (4, 1));
+    // A stale epoch always reaches the full guard, which refuses it.
+    direct.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        code(
+            &direct
+                .batch_execute("SELECT pgfence.guard('sweeper', 4, NULL, true)")
+                .await
+        ),
+        "PF001"
+    );
+}
