@@ -5,7 +5,8 @@
 #
 #   bash benches/pgbench_compare.sh            # or: make bench-pgbench
 #   ROUNDS=1 DURATION=5 bash benches/pgbench_compare.sh
-#   FENCED=1 ...                               # fence the four pgbench tables, epoch 1 per session
+#   TARGETS="pgfence fenced" ...               # the cost of fencing: a second pgfence that fences
+#                                              # the four pgbench tables, epoch 1 per session
 #   TARGETS="direct pgbouncer" ...             # without pgfence
 #
 # What it does, and why:
@@ -18,12 +19,17 @@
 #   is what a proxy costs even when the machine has cores to spare.
 # - Latency at c=1, -S -M prepared, with everything pinned to CPU 0: unpinned c=1 runs swing 5x on
 #   this VM. Mean and p99 come from pgbench's per-transaction log.
+# - The cost of fencing (target "fenced"): a second pgfence process whose config fences
+#   pgbench_accounts, _branches, _tellers and _history (reject mode); sessions declare epoch 1 in
+#   the startup packet. Every tpcb-like transaction then runs one guard; select-only runs none,
+#   so there it shows what merely having fences configured costs. FENCE_LEASE=1 gives the fence
+#   a lease table (the guard's lease path).
 # - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
 #
 # Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION),
 # SCALE (10), CLIENTS (8), THREADS (2), WORKLOADS ("select-only tpcb-like"),
 # MODES ("simple extended prepared"), TARGETS ("direct pgbouncer pgfence"), IDLE_SESSIONS (500,
-# 0 skips), FENCED (0), PGFENCE_BIN (target/release/pgfence, built if missing), PG_BIN (newest
+# 0 skips), FENCE_LEASE (0), PGFENCE_BIN (target/release/pgfence, built if missing), PG_BIN (newest
 # /usr/lib/postgresql/*/bin), KEEP=1 keeps the work dir. Results land in target/pgbench_compare/.
 set -euo pipefail
 
@@ -37,7 +43,7 @@ WORKLOADS=${WORKLOADS:-select-only tpcb-like}
 MODES=${MODES:-simple extended prepared}
 read -r -a TARGETS <<<"${TARGETS:-direct pgbouncer pgfence}"
 IDLE_SESSIONS=${IDLE_SESSIONS:-500}
-FENCED=${FENCED:-0}
+FENCE_LEASE=${FENCE_LEASE:-0}
 KEEP=${KEEP:-0}
 
 ROOT_DIR=$(cd "$(dirname "$0")/.." && pwd)
@@ -101,7 +107,7 @@ if has_target pgbouncer; then
   BOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
   [ -x "$BOUNCER" ] || die "pgbouncer not installed (run: make bench-setup)"
 fi
-if has_target pgfence; then
+if has_target pgfence || has_target fenced; then
   if [ ! -x "$PGFENCE_BIN" ]; then
     log "building $PGFENCE_BIN"
     (cd "$ROOT_DIR" && cargo build --release --locked) ||
@@ -116,7 +122,7 @@ MAX_CONNECTIONS=$((IDLE_SESSIONS + 50 > 100 ? IDLE_SESSIONS + 50 : 100))
 WORK=$(mktemp -d /tmp/pgfence-bench.XXXXXX)
 chmod 755 "$WORK"
 [ "$(id -u)" != 0 ] || chown postgres: "$WORK"
-PG_PID= BOUNCER_PID= PGFENCE_PID= IDLE_PID=
+PG_PID= BOUNCER_PID= PGFENCE_PID= FENCED_PID= IDLE_PID=
 
 cleanup() {
   local rc=$? pid
@@ -124,10 +130,11 @@ cleanup() {
   [ -z "$IDLE_PID" ] || kill "$IDLE_PID" 2>/dev/null
   # SIGTERM (drain) rather than SIGINT: background jobs of a script start with SIGINT ignored.
   [ -z "$PGFENCE_PID" ] || kill -TERM "$PGFENCE_PID" 2>/dev/null
+  [ -z "$FENCED_PID" ] || kill -TERM "$FENCED_PID" 2>/dev/null
   [ -z "$BOUNCER_PID" ] || kill -TERM "$BOUNCER_PID" 2>/dev/null
   # Immediate shutdown: nothing here needs to survive.
   [ -z "$PG_PID" ] || kill -QUIT "$PG_PID" 2>/dev/null
-  for pid in $IDLE_PID $PGFENCE_PID $BOUNCER_PID $PG_PID; do
+  for pid in $IDLE_PID $PGFENCE_PID $FENCED_PID $BOUNCER_PID $PG_PID; do
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null
   done
@@ -187,37 +194,52 @@ EOF
   BOUNCER_PID=$(<"$WORK/pgbouncer.pid")
 fi
 
-PGFENCE_OPTIONS=
-FENCING="without fences"
 if has_target pgfence; then
   FPORT=$(free_port)
   cat >"$WORK/pgfence.toml" <<EOF
 listen = "127.0.0.1:$FPORT"
 upstream = "127.0.0.1:$PGPORT"
 EOF
-  if [ "$FENCED" = 1 ]; then
-    cat >>"$WORK/pgfence.toml" <<EOF
-
-[[fence]]
-name = "pgbench"
-tables = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
-EOF
-    "$PGFENCE_BIN" init --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" --config "$WORK/pgfence.toml" \
-      >"$WORK/pgfence-init.log" 2>&1 || { cat "$WORK/pgfence-init.log" >&2; die "pgfence init failed"; }
-    # The epoch rides in the startup packet, as an application would send it.
-    PGFENCE_OPTIONS='-c pgfence.epoch=1'
-    FENCING="fencing the pgbench tables"
-  fi
   RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/pgfence.toml" >"$WORK/pgfence.log" 2>&1 &
   PGFENCE_PID=$!
   wait_port "$FPORT" "$PGFENCE_PID" "pgfence ($PGFENCE_BIN)" "$WORK/pgfence.log"
 fi
 
+# The same binary with the four pgbench tables fenced; its sessions declare epoch 1.
+FENCED_OPTIONS='-c pgfence.epoch=1'
+FENCING=
+if has_target fenced; then
+  FFPORT=$(free_port)
+  cat >"$WORK/fenced.toml" <<EOF
+listen = "127.0.0.1:$FFPORT"
+upstream = "127.0.0.1:$PGPORT"
+
+[[fence]]
+name = "pgbench"
+tables = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
+EOF
+  FENCING="fenced: pgbench tables in reject mode, no lease"
+  if [ "$FENCE_LEASE" = 1 ]; then
+    "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE leader_lease (name text PRIMARY KEY, holder text,
+      epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity')"
+    printf '[fence.lease]\ntable = "public.leader_lease"\n' >>"$WORK/fenced.toml"
+    FENCING="fenced: pgbench tables in reject mode, with a lease table"
+  fi
+  "$PGFENCE_BIN" init --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" --config "$WORK/fenced.toml" \
+    >"$WORK/pgfence-init.log" 2>&1 || { cat "$WORK/pgfence-init.log" >&2; die "pgfence init failed"; }
+  # The lease grants epoch 1 (inserted after init, so the trigger records it).
+  [ "$FENCE_LEASE" != 1 ] || "$PSQL" -X -q -p "$PGPORT" -d "$DB" \
+    -c "INSERT INTO leader_lease VALUES ('pgbench', 'bench', 1, 'infinity')"
+  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/fenced.toml" >"$WORK/fenced.log" 2>&1 &
+  FENCED_PID=$!
+  wait_port "$FFPORT" "$FENCED_PID" "pgfence, fenced ($PGFENCE_BIN)" "$WORK/fenced.log"
+fi
+
 port_of() {
-  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; esac
+  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; esac
 }
 pid_of() {
-  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; esac
+  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; esac
 }
 
 # run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks" (ticks "-" for
@@ -229,7 +251,7 @@ run_pgbench() {
   [ -z "$pid" ] || before=$(cpu_ticks "$pid")
   # PgBouncer refuses an `options` startup parameter; only pgfence gets the epoch.
   local opts=
-  [ "$target" != pgfence ] || opts=$PGFENCE_OPTIONS
+  [ "$target" != fenced ] || opts=$FENCED_OPTIONS
   out=$(PGOPTIONS=$opts "$@" -p "$(port_of "$target")" "$DB" 2>&1) ||
     { echo "$out" >&2; die "pgbench failed against $target"; }
   [ -z "$pid" ] || after=$(cpu_ticks "$pid")
@@ -274,7 +296,7 @@ LATENCY=$WORK/latency.tsv
 : >"$LATENCY"
 if [ "$ROUNDS" -gt 0 ]; then
   # New backends inherit the postmaster's affinity; -a covers every thread of the proxies.
-  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID; do
+  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID; do
     taskset -a -p -c 0 "$pid" >/dev/null
   done
   log "latency: c=1 -S -M prepared, pinned to CPU 0, ${LATENCY_DURATION}s per run"
@@ -292,7 +314,7 @@ if [ "$ROUNDS" -gt 0 ]; then
       log "round $round latency $target: mean ${mean} us, p99 ${p99} us"
     done
   done
-  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID; do
+  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID; do
     taskset -a -p -c "0-$(($(nproc) - 1))" "$pid" >/dev/null
   done
 fi
@@ -321,7 +343,7 @@ if [ "$IDLE_SESSIONS" -gt 0 ]; then
     base=$(client_backends)
     before=$(rss_kib "$pid")
     opts=
-    [ "$target" != pgfence ] || opts=$PGFENCE_OPTIONS
+    [ "$target" != fenced ] || opts=$FENCED_OPTIONS
     PGOPTIONS=$opts "$PGBENCH" -n -f "$WORK/idle.sql" -c "$IDLE_SESSIONS" -j 1 -t 1 -p "$(port_of "$target")" "$DB" \
       >"$WORK/idle-$target.log" 2>&1 &
     IDLE_PID=$!
@@ -349,7 +371,7 @@ mkdir -p "$OUT_DIR"
 cp "$RESULTS" "$LATENCY" "$IDLE" "$OUT_DIR/"
 {
   versions="$("$PG_BIN/postgres" --version)${BOUNCER_PID:+, $("$BOUNCER" --version | head -n 1)}"
-  echo "pgbench_compare: $(date -u +%FT%TZ), $(nproc) CPUs, $versions${PGFENCE_PID:+, pgfence $FENCING}"
+  echo "pgbench_compare: $(date -u +%FT%TZ), $(nproc) CPUs, $versions${FENCING:+, $FENCING}"
   echo "scale $SCALE, c=$CLIENTS j=$THREADS, ${DURATION}s runs, $ROUNDS interleaved round(s)"
   python3 - "$RESULTS" "$LATENCY" "$IDLE" "$CLK_TCK" "${TARGETS[@]}" <<'PY'
 import sys
@@ -379,7 +401,8 @@ runs = defaultdict(lambda: defaultdict(dict))
 for rnd, workload, mode, target, tps, tx, ticks in rows(results):
     runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx))
 
-pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer")]
+pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer"),
+                             ("fenced", "pgfence")]
          if a in targets and b in targets]
 head = ["workload", "mode"] + [f"{t} tps" for t in targets] + [f"{a}/{b}" for a, b in pairs] \
        + [f"{t} cpu us/tx" for t in middle]
