@@ -44,10 +44,11 @@
 //!    plain read suffices and the row is not dirtied by every writer.
 //!
 //! 6. The short path (`0002_fast_guard.sql`): `pgfence.guard` itself handles the steady
-//!    state, a READ COMMITTED write of the epoch that is already current, with the
-//!    caller's rights — shared lock, one read of the fence row (and, with a lease, of the
-//!    trigger in the same query), return — and hands every other case, errors included,
-//!    to `pgfence.guard_full` (steps 1–5, with the installer's rights). Without a lease the
+//!    state, a READ COMMITTED write of the epoch that is already current — shared lock,
+//!    one read of the fence row (and, with a lease, of the trigger in the same query),
+//!    return — and hands every other case, errors included, to `pgfence.guard_full`
+//!    (steps 1–5). Both run with the installer's rights; the short path has no
+//!    `search_path` of its own (a GUC save and restore per call) and qualifies every name. Without a lease the
 //!    shared lock is only right once the HWM has reached the epoch (else the call must bump
 //!    with the lock exclusive, and a shared holder cannot upgrade without risking a
 //!    deadlock): `guard_full` records `<epoch> <fence>` in the transactional session

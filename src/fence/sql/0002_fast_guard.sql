@@ -6,11 +6,12 @@
 -- (SECURITY DEFINER with SET search_path, a GUC save and restore per call) and, without a
 -- lease, read the fence row twice: once to choose the lock mode, once under the lock. Most
 -- calls need neither: they are read committed writes of an epoch that is already the
--- fence's current one. pgfence.guard now handles exactly those with the caller's rights
--- (it only reads pgfence.fence and pg_trigger, which everyone may, and takes the fence's
--- advisory lock shared), and hands everything else to pgfence.guard_full, version 1's guard
--- under a new name. Operators are schema-qualified so that the caller's search_path cannot
--- change what the fast path computes.
+-- fence's current one. pgfence.guard now handles exactly those itself and hands everything
+-- else to pgfence.guard_full, version 1's guard under a new name. It still runs with the
+-- installer's rights (SECURITY DEFINER) but without a search_path of its own: every table,
+-- function, operator and type in it is schema-qualified (or an SQL keyword such as bigint),
+-- so the caller's search_path cannot change what it computes or run anything of the
+-- caller's with the installer's rights.
 --
 -- Without a lease the fast path needs to know that the HWM already reached the epoch, so
 -- that taking the lock shared is right (a bump needs it exclusive, and upgrading a shared
@@ -151,7 +152,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgfence.guard(p_fence text, p_epoch bigint, p_lease_table text DEFAULT NULL,
                                          p_keep_hwm boolean DEFAULT true)
     RETURNS void
-    LANGUAGE plpgsql VOLATILE
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_hwm   bigint;
@@ -180,7 +181,7 @@ BEGIN
         ELSIF NOT p_keep_hwm THEN
             RETURN;  -- rewrite mode without a lease: the rows carry the epochs
         ELSIF pg_catalog.current_setting('pgfence.guard_passed', true) OPERATOR(pg_catalog.=)
-                  (p_epoch::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) p_fence) THEN
+                  (p_epoch::pg_catalog.text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) p_fence) THEN
             v_ok := pg_catalog.pg_advisory_xact_lock_shared(pgfence.lock_key(p_fence)) IS NULL;
             SELECT f.hwm INTO v_hwm FROM pgfence.fence f WHERE f.name OPERATOR(pg_catalog.=) p_fence;
             IF p_epoch OPERATOR(pg_catalog.=) v_hwm THEN

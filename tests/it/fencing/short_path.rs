@@ -1,5 +1,5 @@
-//! The guard's short path (`0002_fast_guard.sql`): the steady state passes with the
-//! caller's rights and one read, and nothing it skips lets a stale epoch through — not a
+//! The guard's short path (`0002_fast_guard.sql`): the steady state passes with one read
+//! and no `search_path` of its own, and nothing it skips lets a stale epoch through — not a
 //! rolled-back bump, not a hand-set marker, not a hostile `search_path`, not a disabled
 //! lease trigger. Each test has its control: the same write straight to Postgres lands.
 
@@ -173,5 +173,54 @@ async fn the_steady_state_skips_the_full_guard() {
                 .await
         ),
         "PF001"
+    );
+}
+
+/// An application role needs no grant on the `pgfence` schema beyond what `init` gives
+/// everyone: both guards run with the installer's rights, on the short path and off it.
+#[tokio::test]
+async fn an_application_role_needs_only_what_init_grants() {
+    use crate::common::pg::{config, connect_config};
+    let f = Fixture::new().await;
+    let role = format!("app_{}", f.db);
+    f.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role};"
+        ))
+        .await
+        .unwrap();
+    let as_app = |epoch: i64| {
+        let mut c = config(f.proxy.port(), &f.db);
+        c.user(&role).options(format!("-c pgfence.epoch={epoch}"));
+        async move { connect_config(&c).await.unwrap() }
+    };
+    let e1 = f.takeover("a").await;
+    let app = as_app(e1).await;
+    for _ in 0..3 {
+        app.execute(WRITE, &[]).await.unwrap();
+    }
+    // REPEATABLE READ goes through the full guard.
+    app.batch_execute(&format!("BEGIN ISOLATION LEVEL REPEATABLE READ; {WRITE}; COMMIT"))
+        .await
+        .unwrap();
+    let e2 = f.takeover("b").await;
+    assert_eq!(code(&app.execute(WRITE, &[]).await), "PF001");
+    as_app(e2).await.execute(WRITE, &[]).await.unwrap();
+    // What the guards may do, the role itself may not.
+    assert_eq!(
+        code(&app.batch_execute("UPDATE pgfence.fence SET hwm = hwm + 1").await),
+        "42501"
+    );
+    // Control: straight to Postgres the same role's stale write lands.
+    let mut direct = config(f.cluster.port(), &f.db);
+    direct.user(&role);
+    assert_eq!(
+        connect_config(&direct)
+            .await
+            .unwrap()
+            .execute(WRITE, &[])
+            .await
+            .unwrap(),
+        1
     );
 }
