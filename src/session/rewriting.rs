@@ -123,11 +123,6 @@ impl Dispatcher {
         }
     }
 
-    /// Whether `fence` has a lease (then the guard checks the epoch against it).
-    pub(super) fn has_lease(&self, fence: FenceId) -> bool {
-        matches!(self.fences.lease_tables.get(usize::from(fence.0)), Some(Some(_)))
-    }
-
     /// The text sent for a statement that writes a rewrite-mode table in a
     /// simple Query (the rewritten statement, or a rejection in its place) and
     /// the guard to run before it.
@@ -141,7 +136,9 @@ impl Dispatcher {
     ) -> (String, Option<(Injected, String)>) {
         match self.plan(fences, stmt_sql, exact) {
             Plan::Rewrite { fence, epoch, text } => {
-                let guard = (self.has_lease(fence) && !(single && shared.guard_still_held(fence, epoch))).then(|| {
+                // The guard checks the lease (PF003) when there is one; without one it only
+                // proves the database was initialised (PF005), once per transaction.
+                let guard = (!(single && shared.guard_still_held(fence, epoch))).then(|| {
                     let (name, lease) = self.fence_args(fence);
                     (
                         Injected::Guard(fence, epoch),
@@ -226,7 +223,7 @@ impl Dispatcher {
                 format!("pgfence: the session's epoch changed to {epoch} after this portal was bound; refused"),
                 "Bind the statement again after changing pgfence.epoch.",
             ))),
-            Plan::Rewrite { fence, epoch, .. } => self.has_lease(fence).then_some(Decision::Guard { fence, epoch }),
+            Plan::Rewrite { fence, epoch, .. } => Some(Decision::Guard { fence, epoch }),
         })
     }
 
