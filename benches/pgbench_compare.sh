@@ -7,6 +7,7 @@
 #   ROUNDS=1 DURATION=5 bash benches/pgbench_compare.sh
 #   TARGETS="pgfence fenced" ...               # the cost of fencing: a second pgfence that fences
 #                                              # the four pgbench tables, epoch 1 per session
+#   TARGETS="pgfence rewrite" ...              # rewrite mode on pgbench_accounts (adds last_epoch)
 #   TARGETS="direct pgbouncer" ...             # without pgfence
 #
 # What it does, and why:
@@ -23,7 +24,9 @@
 #   pgbench_accounts, _branches, _tellers and _history (reject mode); sessions declare epoch 1 in
 #   the startup packet. Every tpcb-like transaction then runs one guard; select-only runs none,
 #   so there it shows what merely having fences configured costs. FENCE_LEASE=1 gives the fence
-#   a lease table (the guard's lease path).
+#   a lease table (the guard's lease path). Target "rewrite": a third pgfence with
+#   pgbench_accounts in rewrite mode (a last_epoch column is added for every target), so each
+#   UPDATE of it gets `last_epoch = 1` and `last_epoch <= 1`.
 # - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
 #
 # Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION),
@@ -107,7 +110,7 @@ if has_target pgbouncer; then
   BOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
   [ -x "$BOUNCER" ] || die "pgbouncer not installed (run: make bench-setup)"
 fi
-if has_target pgfence || has_target fenced; then
+if has_target pgfence || has_target fenced || has_target rewrite; then
   if [ ! -x "$PGFENCE_BIN" ]; then
     log "building $PGFENCE_BIN"
     (cd "$ROOT_DIR" && cargo build --release --locked) ||
@@ -122,7 +125,7 @@ MAX_CONNECTIONS=$((IDLE_SESSIONS + 50 > 100 ? IDLE_SESSIONS + 50 : 100))
 WORK=$(mktemp -d /tmp/pgfence-bench.XXXXXX)
 chmod 755 "$WORK"
 [ "$(id -u)" != 0 ] || chown postgres: "$WORK"
-PG_PID= BOUNCER_PID= PGFENCE_PID= FENCED_PID= IDLE_PID=
+PG_PID= BOUNCER_PID= PGFENCE_PID= FENCED_PID= REWRITE_PID= IDLE_PID=
 
 cleanup() {
   local rc=$? pid
@@ -131,10 +134,11 @@ cleanup() {
   # SIGTERM (drain) rather than SIGINT: background jobs of a script start with SIGINT ignored.
   [ -z "$PGFENCE_PID" ] || kill -TERM "$PGFENCE_PID" 2>/dev/null
   [ -z "$FENCED_PID" ] || kill -TERM "$FENCED_PID" 2>/dev/null
+  [ -z "$REWRITE_PID" ] || kill -TERM "$REWRITE_PID" 2>/dev/null
   [ -z "$BOUNCER_PID" ] || kill -TERM "$BOUNCER_PID" 2>/dev/null
   # Immediate shutdown: nothing here needs to survive.
   [ -z "$PG_PID" ] || kill -QUIT "$PG_PID" 2>/dev/null
-  for pid in $IDLE_PID $PGFENCE_PID $FENCED_PID $BOUNCER_PID $PG_PID; do
+  for pid in $IDLE_PID $PGFENCE_PID $FENCED_PID $REWRITE_PID $BOUNCER_PID $PG_PID; do
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null
   done
@@ -235,11 +239,33 @@ EOF
   wait_port "$FFPORT" "$FENCED_PID" "pgfence, fenced ($PGFENCE_BIN)" "$WORK/fenced.log"
 fi
 
+# Rewrite mode: pgbench_accounts carries last_epoch (the column is added for every target,
+# so all of them run on the same table) and a third pgfence rewrites its writes for epoch 1.
+if has_target rewrite; then
+  "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "ALTER TABLE pgbench_accounts ADD COLUMN last_epoch bigint NOT NULL DEFAULT 0" \
+    -c "VACUUM ANALYZE pgbench_accounts"
+  RWPORT=$(free_port)
+  cat >"$WORK/rewrite.toml" <<EOF
+listen = "127.0.0.1:$RWPORT"
+upstream = "127.0.0.1:$PGPORT"
+
+[[fence]]
+name = "pgbench-rows"
+tables = ["pgbench_accounts"]
+mode = "rewrite"
+epoch_column = "last_epoch"
+EOF
+  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/rewrite.toml" >"$WORK/rewrite.log" 2>&1 &
+  REWRITE_PID=$!
+  wait_port "$RWPORT" "$REWRITE_PID" "pgfence, rewrite ($PGFENCE_BIN)" "$WORK/rewrite.log"
+  FENCING="${FENCING:+$FENCING; }rewrite: pgbench_accounts in rewrite mode"
+fi
+
 port_of() {
-  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; esac
+  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
 }
 pid_of() {
-  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; esac
+  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
 }
 
 # run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks" (ticks "-" for
@@ -251,7 +277,7 @@ run_pgbench() {
   [ -z "$pid" ] || before=$(cpu_ticks "$pid")
   # PgBouncer refuses an `options` startup parameter; only pgfence gets the epoch.
   local opts=
-  [ "$target" != fenced ] || opts=$FENCED_OPTIONS
+  [ "$target" != fenced ] && [ "$target" != rewrite ] || opts=$FENCED_OPTIONS
   out=$(PGOPTIONS=$opts "$@" -p "$(port_of "$target")" "$DB" 2>&1) ||
     { echo "$out" >&2; die "pgbench failed against $target"; }
   [ -z "$pid" ] || after=$(cpu_ticks "$pid")
@@ -296,7 +322,7 @@ LATENCY=$WORK/latency.tsv
 : >"$LATENCY"
 if [ "$ROUNDS" -gt 0 ]; then
   # New backends inherit the postmaster's affinity; -a covers every thread of the proxies.
-  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID; do
+  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID $REWRITE_PID; do
     taskset -a -p -c 0 "$pid" >/dev/null
   done
   log "latency: c=1 -S -M prepared, pinned to CPU 0, ${LATENCY_DURATION}s per run"
@@ -314,7 +340,7 @@ if [ "$ROUNDS" -gt 0 ]; then
       log "round $round latency $target: mean ${mean} us, p99 ${p99} us"
     done
   done
-  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID; do
+  for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID $REWRITE_PID; do
     taskset -a -p -c "0-$(($(nproc) - 1))" "$pid" >/dev/null
   done
 fi
@@ -343,7 +369,7 @@ if [ "$IDLE_SESSIONS" -gt 0 ]; then
     base=$(client_backends)
     before=$(rss_kib "$pid")
     opts=
-    [ "$target" != fenced ] || opts=$FENCED_OPTIONS
+    [ "$target" != fenced ] && [ "$target" != rewrite ] || opts=$FENCED_OPTIONS
     PGOPTIONS=$opts "$PGBENCH" -n -f "$WORK/idle.sql" -c "$IDLE_SESSIONS" -j 1 -t 1 -p "$(port_of "$target")" "$DB" \
       >"$WORK/idle-$target.log" 2>&1 &
     IDLE_PID=$!
@@ -402,7 +428,7 @@ for rnd, workload, mode, target, tps, tx, ticks in rows(results):
     runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx))
 
 pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer"),
-                             ("fenced", "pgfence")]
+                             ("fenced", "pgfence"), ("rewrite", "pgfence")]
          if a in targets and b in targets]
 head = ["workload", "mode"] + [f"{t} tps" for t in targets] + [f"{a}/{b}" for a, b in pairs] \
        + [f"{t} cpu us/tx" for t in middle]
