@@ -157,9 +157,12 @@ log "initdb ($PG_BIN)"
 as_pg "$PG_BIN/initdb" -D "$WORK/data" -A trust -U postgres --no-sync -E UTF8 --locale=C >"$WORK/initdb.log"
 PGPORT=$(free_port)
 # The harness settings (durability off, as in tests/it/common/pg.rs) plus a buffer pool that
-# holds the scale-10 data set, so select-only measures the wire, not the page cache.
+# holds the scale-10 data set, so select-only measures the wire, not the page cache. No
+# autovacuum: tpcb-like TPS of neighbouring runs swung up to 3x on two cores, and a worker waking
+# mid-run is one cause that can be removed; pgbench vacuums the tables it updates before every
+# run instead.
 as_pg "$PG_BIN/postgres" -D "$WORK/data" -p "$PGPORT" -k "$WORK" -c listen_addresses=127.0.0.1 \
-  -c fsync=off -c full_page_writes=off -c synchronous_commit=off -c shared_buffers=256MB \
+  -c fsync=off -c full_page_writes=off -c synchronous_commit=off -c shared_buffers=256MB -c autovacuum=off \
   -c max_connections="$MAX_CONNECTIONS" >"$WORK/postgres.log" 2>&1 &
 wait_port "$PGPORT" $! postgres "$WORK/postgres.log"
 until "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PGPORT"; do sleep 0.1; done

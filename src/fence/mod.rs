@@ -51,10 +51,10 @@
 //!    `search_path` of its own (a GUC save and restore per call) and qualifies every name. Without a lease the
 //!    shared lock is only right once the HWM has reached the epoch (else the call must bump
 //!    with the lock exclusive, and a shared holder cannot upgrade without risking a
-//!    deadlock): `guard_full` records `<epoch> <fence>` in the transactional session
-//!    setting `pgfence.guard_passed` whenever it lets a write through, so the marker never
-//!    outlives a rolled-back bump, and the short path falls through to `guard_full` if it
-//!    still finds the HWM below the epoch.
+//!    deadlock): whenever `guard_full` lets a write through, the guard records
+//!    `<epoch> <fence>` in the transactional session setting `pgfence.guard_passed`, so
+//!    the marker never outlives a rolled-back bump, and the short path falls through to
+//!    `guard_full` if it still finds the HWM below the epoch.
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

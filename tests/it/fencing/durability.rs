@@ -104,3 +104,61 @@ async fn init_is_idempotent_and_keeps_the_hwm() {
     assert_eq!(f.hwm().await, e1);
     f.leader(e1).await.execute(WRITE, &[]).await.unwrap();
 }
+
+/// A database initialised by a pgfence that knew only schema version 1 is upgraded in
+/// place: its fences, HWM and lease trigger stay, and the new guard takes over.
+#[tokio::test]
+async fn init_upgrades_a_version_1_schema_and_keeps_the_hwm() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    // What version 1's install did: the bootstrap, migration 0001, its version row.
+    admin
+        .batch_execute(&format!(
+            "BEGIN; CREATE SCHEMA pgfence;
+             CREATE TABLE pgfence.schema_version (version integer PRIMARY KEY, name text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now());
+             {}
+             INSERT INTO pgfence.schema_version (version, name) VALUES (1, '0001_init');
+             INSERT INTO pgfence.fence (name, hwm) VALUES ('sweeper', 6);
+             COMMIT",
+            include_str!("../../../src/fence/sql/0001_init.sql")
+        ))
+        .await
+        .unwrap();
+    install(&mut admin, cluster.port(), NO_LEASE).await;
+    let version: i32 = admin
+        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pgfence::fence::install::SCHEMA_VERSION);
+    let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
+    let s = connect(proxy.port(), &db, "-c pgfence.epoch=5").await;
+    assert_eq!(
+        code(&s.execute(WRITE, &[]).await),
+        "PF001",
+        "the HWM of version 1 holds"
+    );
+    connect(proxy.port(), &db, "-c pgfence.epoch=7")
+        .await
+        .execute(WRITE, &[])
+        .await
+        .unwrap();
+    let hwm: i64 = admin
+        .query_one("SELECT hwm FROM pgfence.fence WHERE name = 'sweeper'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(hwm, 7);
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(
+        connect(cluster.port(), &db, "")
+            .await
+            .execute(WRITE, &[])
+            .await
+            .unwrap(),
+        1
+    );
+}
