@@ -82,6 +82,20 @@ cpu_ticks() {
   echo $((${12} + ${13}))
 }
 
+# CPU ticks of the whole Postgres server: the postmaster with the children it has reaped
+# (cutime/cstime: backends that exited during a run still count) plus its live children.
+server_ticks() {
+  local stat total pid
+  stat=$(<"/proc/$PG_PID/stat")
+  stat=${stat##*) }
+  # shellcheck disable=SC2086 # word splitting is the point
+  set -- $stat
+  total=$((${12} + ${13} + ${14} + ${15}))
+  for pid in $(pgrep -P "$PG_PID"); do
+    total=$((total + $(cpu_ticks "$pid" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 # wait_port PORT PID NAME LOGFILE: until PORT accepts TCP; fails with the log if PID dies first.
@@ -271,23 +285,29 @@ pid_of() {
   case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
 }
 
-# run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks" (ticks "-" for
-# direct). Fails loudly with pgbench's output when a run fails: a silent zero would poison medians.
+# run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks server_cpu_ticks"
+# (middleware ticks "-" for direct). Fails loudly with pgbench's output when a run fails: a
+# silent zero would poison medians.
 run_pgbench() {
-  local target=$1 pid before after out tps tx
+  local target=$1 pid before after out tps tx ticks server_before server_after
   shift
   pid=$(pid_of "$target")
   [ -z "$pid" ] || before=$(cpu_ticks "$pid")
+  server_before=$(server_ticks)
   # PgBouncer refuses an `options` startup parameter; only pgfence gets the epoch.
   local opts=
   [ "$target" != fenced ] && [ "$target" != rewrite ] || opts=$FENCED_OPTIONS
   out=$(PGOPTIONS=$opts "$@" -p "$(port_of "$target")" "$DB" 2>&1) ||
     { echo "$out" >&2; die "pgbench failed against $target"; }
   [ -z "$pid" ] || after=$(cpu_ticks "$pid")
+  # Let the run's backends exit and be reaped, so their time lands in the postmaster's cutime.
+  sleep 0.3
+  server_after=$(server_ticks)
   tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | head -n 1)
   tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
   [ -n "$tps" ] && [ -n "$tx" ] || { echo "$out" >&2; die "could not read pgbench output ($target)"; }
-  if [ -n "$pid" ]; then echo "$tps $tx $((after - before))"; else echo "$tps $tx -"; fi
+  if [ -n "$pid" ]; then ticks=$((after - before)); else ticks=-; fi
+  echo "$tps $tx $ticks $((server_after - server_before))"
 }
 
 # rotated ROUND INDEX: the targets starting at a different one each time, so no target always
@@ -311,8 +331,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
         args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
         [ "$workload" != select-only ] || args+=(-S)
         out=$(run_pgbench "$target" "${args[@]}")
-        read -r tps tx ticks <<<"$out"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" >>"$RESULTS"
+        read -r tps tx ticks server <<<"$out"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" "$server" >>"$RESULTS"
         log "round $round $workload $mode $target: $tps tps"
       done
     done
@@ -334,7 +354,7 @@ if [ "$ROUNDS" -gt 0 ]; then
       prefix=$WORK/lat-$target-$round
       out=$(run_pgbench "$target" taskset -c 0 "$PGBENCH" -c 1 -j 1 -S -M prepared \
         -T "$LATENCY_DURATION" -l --log-prefix="$prefix")
-      read -r _ tx ticks <<<"$out"
+      read -r _ tx ticks _ <<<"$out"
       # Field 3 of the per-transaction log is the latency in microseconds.
       read -r mean p99 < <(cat "$prefix".* | awk '{ print $3 }' | sort -n |
         awk '{ v[NR] = $1; s += $1 } END { i = int(NR * 0.99); if (i < 1) i = 1; printf "%.1f %d\n", s / NR, v[i] }')
@@ -425,10 +445,10 @@ def med(xs):
     xs = [x for x in xs if x is not None]
     return median(xs) if xs else None
 
-# (workload, mode) -> round -> target -> (tps, cpu µs/tx)
+# (workload, mode) -> round -> target -> (tps, middleware cpu µs/tx, server cpu µs/tx)
 runs = defaultdict(lambda: defaultdict(dict))
-for rnd, workload, mode, target, tps, tx, ticks in rows(results):
-    runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx))
+for rnd, workload, mode, target, tps, tx, ticks, server in rows(results):
+    runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx), cpu_us(server, tx))
 
 pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer"),
                              ("fenced", "pgfence"), ("rewrite", "pgfence")]
@@ -450,6 +470,22 @@ def show(head, table):
 
 print("\nThroughput: median TPS; ratios are medians of per-round paired ratios; middleware CPU per transaction")
 show(head, table)
+
+# CPU is steadier than throughput on a shared machine: what each target costs the server and
+# itself per transaction, and, against unfenced pgfence, what fencing adds (the guard's cost).
+print("\nCPU per transaction (medians): Postgres server, middleware, both; fencing's extra against pgfence")
+extra = [t for t in ("fenced", "rewrite") if t in targets and "pgfence" in targets]
+head2 = ["workload", "mode"] + [f"{t} server us" for t in targets] + [f"{t} extra us" for t in extra]
+table2 = []
+for (workload, mode), by_round in runs.items():
+    row = [workload, mode]
+    row += [fmt(med(r[t][2] for r in by_round.values() if t in r), ".1f") for t in targets]
+    for t in extra:
+        row.append(fmt(med((r[t][2] + r[t][1]) - (r["pgfence"][2] + r["pgfence"][1])
+                           for r in by_round.values() if t in r and "pgfence" in r
+                           and None not in (r[t][1], r[t][2], r["pgfence"][1], r["pgfence"][2])), "+.1f"))
+    table2.append(row)
+show(head2, table2)
 
 lat = defaultdict(list)
 for rnd, target, mean, p99, tx, ticks in rows(latency):

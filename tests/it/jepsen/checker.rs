@@ -303,7 +303,7 @@ fn check_rows(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) 
         }
     }
     for op in per_op.keys() {
-        if !attempted.get(op).is_some_and(|w| w.kind == Kind::Row) {
+        if attempted.get(op).is_none_or(|w| w.kind != Kind::Row) {
             out.push(Violation::UnrecordedCommit { op: *op });
         }
     }
