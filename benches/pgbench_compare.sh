@@ -215,15 +215,24 @@ EOF
   BOUNCER_PID=$(<"$WORK/pgbouncer.pid")
 fi
 
+# pgfence_config NAME PORT: starts $WORK/NAME.toml, listening on PORT in front of Postgres;
+# the caller appends its [[fence]] sections.
+pgfence_config() {
+  printf 'listen = "127.0.0.1:%s"\nupstream = "127.0.0.1:%s"\n' "$2" "$PGPORT" >"$WORK/$1.toml"
+}
+# start_pgfence NAME PORT: serves $WORK/NAME.toml (log $WORK/NAME.log) until PORT accepts;
+# sets STARTED_PID.
+start_pgfence() {
+  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/$1.toml" >"$WORK/$1.log" 2>&1 &
+  STARTED_PID=$!
+  wait_port "$2" "$STARTED_PID" "pgfence $1 ($PGFENCE_BIN)" "$WORK/$1.log"
+}
+
 if has_target pgfence; then
   FPORT=$(free_port)
-  cat >"$WORK/pgfence.toml" <<EOF
-listen = "127.0.0.1:$FPORT"
-upstream = "127.0.0.1:$PGPORT"
-EOF
-  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/pgfence.toml" >"$WORK/pgfence.log" 2>&1 &
-  PGFENCE_PID=$!
-  wait_port "$FPORT" "$PGFENCE_PID" "pgfence ($PGFENCE_BIN)" "$WORK/pgfence.log"
+  pgfence_config pgfence "$FPORT"
+  start_pgfence pgfence "$FPORT"
+  PGFENCE_PID=$STARTED_PID
 fi
 
 # The same binary with the four pgbench tables fenced; its sessions declare epoch 1.
@@ -231,9 +240,8 @@ FENCED_OPTIONS='-c pgfence.epoch=1'
 FENCING=
 if has_target fenced; then
   FFPORT=$(free_port)
-  cat >"$WORK/fenced.toml" <<EOF
-listen = "127.0.0.1:$FFPORT"
-upstream = "127.0.0.1:$PGPORT"
+  pgfence_config fenced "$FFPORT"
+  cat >>"$WORK/fenced.toml" <<EOF
 
 [[fence]]
 name = "pgbench"
@@ -251,9 +259,8 @@ EOF
   # The lease grants epoch 1 (inserted after init, so the trigger records it).
   [ "$FENCE_LEASE" != 1 ] || "$PSQL" -X -q -p "$PGPORT" -d "$DB" \
     -c "INSERT INTO leader_lease VALUES ('pgbench', 'bench', 1, 'infinity')"
-  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/fenced.toml" >"$WORK/fenced.log" 2>&1 &
-  FENCED_PID=$!
-  wait_port "$FFPORT" "$FENCED_PID" "pgfence, fenced ($PGFENCE_BIN)" "$WORK/fenced.log"
+  start_pgfence fenced "$FFPORT"
+  FENCED_PID=$STARTED_PID
 fi
 
 # Rewrite mode: pgbench_accounts carries last_epoch (the column is added for every target,
@@ -262,9 +269,8 @@ if has_target rewrite; then
   "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "ALTER TABLE pgbench_accounts ADD COLUMN last_epoch bigint NOT NULL DEFAULT 0" \
     -c "VACUUM ANALYZE pgbench_accounts"
   RWPORT=$(free_port)
-  cat >"$WORK/rewrite.toml" <<EOF
-listen = "127.0.0.1:$RWPORT"
-upstream = "127.0.0.1:$PGPORT"
+  pgfence_config rewrite "$RWPORT"
+  cat >>"$WORK/rewrite.toml" <<EOF
 
 [[fence]]
 name = "pgbench-rows"
@@ -272,9 +278,8 @@ tables = ["pgbench_accounts"]
 mode = "rewrite"
 epoch_column = "last_epoch"
 EOF
-  RUST_LOG=${PGFENCE_LOG:-info} NO_COLOR=1 "$PGFENCE_BIN" serve --config "$WORK/rewrite.toml" >"$WORK/rewrite.log" 2>&1 &
-  REWRITE_PID=$!
-  wait_port "$RWPORT" "$REWRITE_PID" "pgfence, rewrite ($PGFENCE_BIN)" "$WORK/rewrite.log"
+  start_pgfence rewrite "$RWPORT"
+  REWRITE_PID=$STARTED_PID
   FENCING="${FENCING:+$FENCING; }rewrite: pgbench_accounts in rewrite mode"
 fi
 
@@ -473,7 +478,7 @@ show(head, table)
 
 # CPU is steadier than throughput on a shared machine: what each target costs the server and
 # itself per transaction, and, against unfenced pgfence, what fencing adds (the guard's cost).
-print("\nCPU per transaction (medians): Postgres server, middleware, both; fencing's extra against pgfence")
+print("\nCPU per transaction (medians): the Postgres server for each target; what fencing adds (server + middleware) against pgfence")
 extra = [t for t in ("fenced", "rewrite") if t in targets and "pgfence" in targets]
 head2 = ["workload", "mode"] + [f"{t} server us" for t in targets] + [f"{t} extra us" for t in extra]
 table2 = []

@@ -48,13 +48,13 @@
 //!    one read of the fence row (and, with a lease, of the trigger in the same query),
 //!    return — and hands every other case, errors included, to `pgfence.guard_full`
 //!    (steps 1–5). Both run with the installer's rights; the short path has no
-//!    `search_path` of its own (a GUC save and restore per call) and qualifies every name. Without a lease the
-//!    shared lock is only right once the HWM has reached the epoch (else the call must bump
-//!    with the lock exclusive, and a shared holder cannot upgrade without risking a
-//!    deadlock): whenever `guard_full` lets a write through, the guard records
-//!    `<epoch> <fence>` in the transactional session setting `pgfence.guard_passed`, so
-//!    the marker never outlives a rolled-back bump, and the short path falls through to
-//!    `guard_full` if it still finds the HWM below the epoch.
+//!    `search_path` of its own (a GUC save and restore per call) and qualifies every
+//!    name. Without a lease the shared lock is only right once the HWM has reached the
+//!    epoch (else the call must bump with the lock exclusive, and a shared holder cannot
+//!    upgrade without risking a deadlock): whenever `guard_full` lets a write through, the
+//!    guard records `<epoch> <fence>` in the transactional session setting
+//!    `pgfence.guard_passed`, so the marker never outlives a rolled-back bump, and the
+//!    short path falls through to `guard_full` if it still finds the HWM below the epoch.
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

@@ -328,15 +328,19 @@ impl<'a> Ctx<'a> {
     /// `None` (parse instead) when the target cannot be read or a `U&"…"`
     /// identifier could spell any name.
     fn plain_dml(&self, span: &Range<usize>, first: &str) -> Option<StmtKind> {
-        if !matches!(first, "insert" | "update" | "delete" | "merge") {
+        if !matches!(first, "insert" | "update" | "delete" | "merge") || self.may_spell_any_name(span) {
             return None;
         }
-        let lower = self.lower.get(span.clone()).unwrap_or(&[]);
-        if memchr::memmem::find(lower, b"u&").is_some() {
-            return None;
-        }
-        let (names, _) = forms::dml_targets(self.text(span), self.lexing)?;
-        let mut hits = Hits::default();
+        self.dml_write(self.text(span))
+    }
+
+    /// The write of a plain DML statement whose target(s) the lexer can read.
+    fn dml_write(&self, text: &str) -> Option<StmtKind> {
+        let (names, cascade) = forms::dml_targets(text, self.lexing)?;
+        let mut hits = Hits {
+            all: cascade,
+            ..Hits::default()
+        };
         for name in &names {
             hits.name(name, self.fences);
         }
@@ -350,25 +354,19 @@ impl<'a> Ctx<'a> {
         if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
             return StmtKind::Other;
         }
-        match forms::dml_targets(text, self.lexing) {
-            Some((names, cascade)) => {
-                let mut hits = Hits {
-                    all: cascade,
-                    ..Hits::default()
-                };
-                for name in &names {
-                    hits.name(name, self.fences);
-                }
-                hits.into_write(self.fences)
-            }
-            None => self.unanalysable_if_named(span),
-        }
+        self.dml_write(text).unwrap_or_else(|| self.unanalysable_if_named(span))
+    }
+
+    /// Whether a `U&"…"` identifier (or `U&'…'` string) could spell any name.
+    fn may_spell_any_name(&self, span: &Range<usize>) -> bool {
+        let lower = self.lower.get(span.clone()).unwrap_or(&[]);
+        memchr::memmem::find(lower, b"u&").is_some()
     }
 
     /// The pre-filter: may the statement name a fenced table?
     fn may_name_fence(&self, span: &Range<usize>) -> bool {
         let lower = self.lower.get(span.clone()).unwrap_or(&[]);
-        !self.fences.is_empty() && (self.fences.mentioned_in(lower) || memchr::memmem::find(lower, b"u&").is_some())
+        !self.fences.is_empty() && (self.fences.mentioned_in(lower) || self.may_spell_any_name(span))
     }
 
     /// Unanalysable if an identifier in the statement may name a fenced
@@ -418,7 +416,7 @@ impl<'a> Ctx<'a> {
                 .map(|e| e.0),
         );
         let text = self.text(span);
-        hits.all = memchr::memmem::find(lower, b"u&").is_some()
+        hits.all = self.may_spell_any_name(span)
             || Lexer::new(text, self.lexing).any(|t| {
                 let s = text.get(t.span.clone()).unwrap_or("");
                 matches!(t.kind, TokenKind::EscapeString | TokenKind::String)

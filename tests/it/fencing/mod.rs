@@ -224,13 +224,15 @@ async fn takeover_alone_fences_the_old_epoch() {
     assert_eq!(f.note().await.0, "a");
 }
 
-#[tokio::test]
-async fn database_without_init_gets_pf005() {
+/// A fresh database with the seed tables but without `pgfence init`, and a proxy with the
+/// fences of `toml` in front of it: a fenced UPDATE at epoch 1 is PF005, with a hint to run
+/// init, in the extended and the simple protocol alike.
+pub async fn writes_without_init_get_pf005(toml: &str) -> (&'static Cluster, String, Proxy) {
     let cluster = Cluster::shared();
     let db = cluster.fresh_db().await;
     let admin = cluster.admin(&db).await;
     admin.batch_execute(SEED_SQL).await.unwrap();
-    let proxy = Proxy::start(cluster.port(), &fence_toml()).await;
+    let proxy = Proxy::start(cluster.port(), toml).await;
     let s = connect(proxy.port(), &db, "-c pgfence.epoch=1").await;
     for r in [
         s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[])
@@ -242,6 +244,12 @@ async fn database_without_init_gets_pf005() {
         let msg = r.unwrap_err().as_db_error().unwrap().clone();
         assert!(msg.hint().unwrap_or_default().contains("pgfence init"), "{msg:?}");
     }
+    (cluster, db, proxy)
+}
+
+#[tokio::test]
+async fn database_without_init_gets_pf005() {
+    let (_, db, proxy) = writes_without_init_get_pf005(&fence_toml()).await;
     // PF005 wins over PF002 (no epoch) too.
     let s = connect(proxy.port(), &db, "").await;
     assert_eq!(code(&s.batch_execute("DELETE FROM sweep_state").await), "PF005");

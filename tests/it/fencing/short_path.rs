@@ -21,6 +21,14 @@ async fn marker(client: &tokio_postgres::Client) -> String {
         .get(0)
 }
 
+/// Sets the marker by hand, as a client could.
+async fn set_marker(client: &tokio_postgres::Client, value: &str) {
+    client
+        .execute("SELECT set_config('pgfence.guard_passed', $1, false)", &[&value])
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_rolled_back_bump_takes_its_marker_with_it() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
@@ -55,20 +63,14 @@ async fn a_hand_set_marker_changes_nothing() {
     let direct = f.direct().await;
     // A marker claiming the HWM reached 9: the short path finds 2 and hands over to the
     // full guard, which bumps properly.
-    direct
-        .batch_execute("SELECT set_config('pgfence.guard_passed', '9 sweeper', false)")
-        .await
-        .unwrap();
+    set_marker(&direct, "9 sweeper").await;
     direct
         .batch_execute("SELECT pgfence.guard('sweeper', 9, NULL, true)")
         .await
         .unwrap();
     assert_eq!(f.hwm().await, 9);
     // A marker for a stale epoch does not make it current.
-    direct
-        .batch_execute("SELECT set_config('pgfence.guard_passed', '4 sweeper', false)")
-        .await
-        .unwrap();
+    set_marker(&direct, "4 sweeper").await;
     assert_eq!(
         code(
             &direct
@@ -110,10 +112,7 @@ async fn a_hostile_search_path_does_not_change_the_verdict() {
         .unwrap()
         .get(0);
     assert!(lie, "the hostile operator is in effect");
-    stale
-        .batch_execute("SELECT set_config('pgfence.guard_passed', '3 sweeper', false)")
-        .await
-        .unwrap();
+    set_marker(&stale, "3 sweeper").await;
     assert_eq!(code(&stale.execute(WRITE, &[]).await), "PF001");
     assert_eq!(f.hwm().await, 7);
 }

@@ -118,12 +118,13 @@ pub fn check(records: &[Record], snapshot: &Snapshot) -> Report {
             Record::Lease { .. } => None,
         })
         .collect();
+    let attempted: HashMap<i64, &Write> = writes.iter().map(|w| (w.op, *w)).collect();
     let mut violations = Vec::new();
     check_commit_order(snapshot, &mut violations);
     check_grants(records, snapshot, &writes, &mut violations);
-    check_outcomes(&writes, snapshot, &mut violations);
+    check_outcomes(&writes, &attempted, snapshot, &mut violations);
     check_counter(&writes, snapshot, &mut violations);
-    check_rows(&writes, snapshot, &mut violations);
+    check_rows(&writes, &attempted, snapshot, &mut violations);
     Report {
         violations,
         stats: stats(&writes, snapshot),
@@ -213,9 +214,8 @@ fn check_grants(records: &[Record], snapshot: &Snapshot, writes: &[&Write], out:
 
 /// Invariant 4: acknowledged writes are there, rejected ones left nothing, transactions are
 /// whole.
-fn check_outcomes(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) {
+fn check_outcomes(writes: &[&Write], attempted: &HashMap<i64, &Write>, snapshot: &Snapshot, out: &mut Vec<Violation>) {
     let committed: HashMap<i64, &Event> = snapshot.events.iter().map(|e| (e.op, e)).collect();
-    let attempted: HashMap<i64, &Write> = writes.iter().map(|w| (w.op, *w)).collect();
     for w in writes.iter().filter(|w| w.kind != Kind::Row) {
         let present = committed.contains_key(&w.op);
         match (w.outcome, present) {
@@ -254,7 +254,7 @@ fn check_outcomes(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violatio
 
 /// Rewrite mode, per row: in commit order a row's epoch never goes down; what the clients were
 /// told matches the changes logged; each change adds 1 to its row's counter.
-fn check_rows(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) {
+fn check_rows(writes: &[&Write], attempted: &HashMap<i64, &Write>, snapshot: &Snapshot, out: &mut Vec<Violation>) {
     let mut changes: Vec<&RowChange> = snapshot.row_changes.iter().collect();
     changes.sort_by_key(|c| (c.row, c.commit_us, c.new_epoch, c.op));
     let mut top: Option<&RowChange> = None;
@@ -282,7 +282,6 @@ fn check_rows(writes: &[&Write], snapshot: &Snapshot, out: &mut Vec<Violation>) 
     for c in &snapshot.row_changes {
         *per_op.entry(c.op).or_default() += 1;
     }
-    let attempted: HashMap<i64, &Write> = writes.iter().map(|w| (w.op, *w)).collect();
     for w in writes.iter().filter(|w| w.kind == Kind::Row) {
         let found = per_op.get(&w.op).copied().unwrap_or(0);
         match w.outcome {

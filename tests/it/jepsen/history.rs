@@ -40,7 +40,6 @@ impl Kind {
         match s {
             "incr" => Some(Kind::Incr),
             "insert" => Some(Kind::Insert),
-            "row" => Some(Kind::Row),
             _ => None,
         }
     }

@@ -169,29 +169,14 @@ async fn rewrite_refusals_pf002_pf003_pf004() {
 /// guard (which then only proves the schema is there) fails with PF005, as in reject mode.
 #[tokio::test]
 async fn rewrite_database_without_init_gets_pf005() {
-    let cluster = Cluster::shared();
-    let db = cluster.fresh_db().await;
-    let admin = cluster.admin(&db).await;
-    admin.batch_execute(crate::fencing::SEED_SQL).await.unwrap();
-    let proxy = crate::common::inproc::Proxy::start(cluster.port(), &no_lease_toml()).await;
-    let s = crate::common::pg::connect(proxy.port(), &db, "-c pgfence.epoch=1").await;
-    for r in [
-        s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[])
-            .await
-            .map(|_| ()),
-        s.batch_execute("UPDATE sweep_state SET note = 'x' WHERE id = 1").await,
-    ] {
-        assert_eq!(code(&r), "PF005");
-        let msg = r.unwrap_err().as_db_error().unwrap().clone();
-        assert!(msg.hint().unwrap_or_default().contains("pgfence init"), "{msg:?}");
-    }
-    let note: String = admin
+    let (cluster, db, _proxy) = crate::fencing::writes_without_init_get_pf005(&no_lease_toml()).await;
+    let direct = crate::common::pg::connect(cluster.port(), &db, "").await;
+    let note: String = direct
         .query_one("SELECT note FROM sweep_state WHERE id = 1", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(note, "init");
     // Control: straight to Postgres the same write lands.
-    let direct = crate::common::pg::connect(cluster.port(), &db, "").await;
     assert_eq!(update_note(&direct, "x").await, 1);
 }
