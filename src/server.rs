@@ -48,7 +48,8 @@ struct CancelEntry {
 pub struct ServerContext {
     /// The configuration.
     pub config: Arc<Config>,
-    /// Drain token (SIGTERM).
+    /// Drain token: cancelled on SIGTERM once the listener is closed, so a client told
+    /// 57P01 can no longer connect.
     pub drain: CancellationToken,
     /// Fast-exit token (SIGINT).
     pub fast: CancellationToken,
@@ -95,7 +96,7 @@ impl ServerContext {
         let fences: Arc<[Fence]> = config.fences.clone().into();
         Self {
             config,
-            drain: shutdown.drain.clone(),
+            drain: CancellationToken::new(),
             fast: shutdown.fast.clone(),
             fences,
             by_database: Mutex::new(HashMap::new()),
@@ -212,9 +213,11 @@ impl Server {
         info!(listen = %self.config.listen, upstream = %self.config.upstream, fences = self.config.fences.len(), "pgfence serving");
         loop {
             let accepted = tokio::select! {
-                r = self.listener.accept() => r,
+                // Shutdown first: no connection is accepted once it began.
+                biased;
                 () = shutdown.drain.cancelled() => break,
                 () = shutdown.fast.cancelled() => break,
+                r = self.listener.accept() => r,
             };
             let (stream, peer) = match accepted {
                 Ok(a) => a,
@@ -242,6 +245,8 @@ impl Server {
             }
         }
         drop(self.listener);
+        // Only now tell the sessions: the listener is gone before any client hears 57P01.
+        ctx.drain.cancel();
         info!(
             sessions = tracker.len(),
             last_session = next_id,
