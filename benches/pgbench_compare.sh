@@ -278,6 +278,9 @@ tables = ["pgbench_accounts"]
 mode = "rewrite"
 epoch_column = "last_epoch"
 EOF
+  # Rewrite fences need the schema too (without it their writes get PF005); init is idempotent.
+  "$PGFENCE_BIN" init --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" --config "$WORK/rewrite.toml" \
+    >>"$WORK/pgfence-init.log" 2>&1 || { cat "$WORK/pgfence-init.log" >&2; die "pgfence init failed"; }
   start_pgfence rewrite "$RWPORT"
   REWRITE_PID=$STARTED_PID
   FENCING="${FENCING:+$FENCING; }rewrite: pgbench_accounts in rewrite mode"

@@ -7,12 +7,13 @@
 //! - a session `SET` inside a transaction takes effect at once but is undone
 //!   if the transaction rolls back, and kept if it commits;
 //! - `SET LOCAL` lasts until the end of the transaction either way;
-//! - `RESET ALL` / `DISCARD ALL` reset both settings.
-//!
-//! Known simplification: `ROLLBACK TO SAVEPOINT` does not restore a value set
-//! after the savepoint (the transaction's final COMMIT or ROLLBACK decides).
+//! - `RESET ALL` / `DISCARD ALL` reset both settings;
+//! - `ROLLBACK TO SAVEPOINT` restores both settings as they were when the
+//!   savepoint was defined (session and `SET LOCAL` values alike), `RELEASE`
+//!   keeps them.
 
 use crate::fence::epoch::Epoch;
+use crate::sql::classify::SavepointOp;
 
 /// One setting with Postgres' transactional behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +102,16 @@ pub struct Declarations {
     pub epoch: Setting<Epoch>,
     /// `pgfence.fence`.
     pub fence: Setting<String>,
+    /// The open transaction's savepoints, innermost last.
+    savepoints: Vec<Savepoint>,
+}
+
+/// A savepoint and the declarations in force when it was defined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Savepoint {
+    name: String,
+    epoch: Setting<Epoch>,
+    fence: Setting<String>,
 }
 
 impl Declarations {
@@ -109,11 +120,41 @@ impl Declarations {
         Self {
             epoch: Setting::with_startup(epoch),
             fence: Setting::with_startup(fence),
+            savepoints: Vec::new(),
+        }
+    }
+
+    /// A savepoint command completed. As in Postgres, a name may be reused: the
+    /// innermost savepoint of that name is meant. An unknown name changes nothing
+    /// (Postgres refused the command).
+    pub fn savepoint(&mut self, op: &SavepointOp) {
+        let find = |name: &str| self.savepoints.iter().rposition(|s| s.name == name);
+        match op {
+            SavepointOp::Define(name) => self.savepoints.push(Savepoint {
+                name: name.clone(),
+                epoch: self.epoch.clone(),
+                fence: self.fence.clone(),
+            }),
+            SavepointOp::Release(name) => {
+                if let Some(i) = find(name) {
+                    self.savepoints.truncate(i);
+                }
+            }
+            SavepointOp::RollbackTo(name) => {
+                if let Some(i) = find(name) {
+                    // The savepoint itself stays defined.
+                    self.savepoints.truncate(i + 1);
+                    let s = &self.savepoints[i];
+                    self.epoch = s.epoch.clone();
+                    self.fence = s.fence.clone();
+                }
+            }
         }
     }
 
     /// The transaction ended: committed or rolled back.
     pub fn end_transaction(&mut self, committed: bool) {
+        self.savepoints.clear();
         if committed {
             self.epoch.commit();
             self.fence.commit();
@@ -136,6 +177,63 @@ mod tests {
 
     fn e(n: u64) -> Option<Epoch> {
         Some(Epoch::parse(&n.to_string()).unwrap())
+    }
+
+    fn sp(op: fn(String) -> SavepointOp, name: &str) -> SavepointOp {
+        op(name.to_owned())
+    }
+
+    #[test]
+    fn rollback_to_savepoint_restores_what_was_declared_there() {
+        let mut d = Declarations::from_startup(e(1), None);
+        d.savepoint(&sp(SavepointOp::Define, "a"));
+        d.epoch.set(Scope::Session, e(2));
+        d.savepoint(&sp(SavepointOp::Define, "b"));
+        d.epoch.set(Scope::Local, e(3));
+        d.fence.set(Scope::Session, Some("f".into()));
+        assert_eq!(d.epoch.current(), e(3).as_ref());
+        d.savepoint(&sp(SavepointOp::RollbackTo, "b"));
+        assert_eq!((d.epoch.current(), d.fence.current()), (e(2).as_ref(), None));
+        // "b" is still defined: a second rollback to it works too.
+        d.epoch.set(Scope::Session, e(4));
+        d.savepoint(&sp(SavepointOp::RollbackTo, "b"));
+        assert_eq!(d.epoch.current(), e(2).as_ref());
+        d.savepoint(&sp(SavepointOp::RollbackTo, "a"));
+        assert_eq!(d.epoch.current(), e(1).as_ref());
+        // Rolling back to "a" removed "b": an unknown name changes nothing.
+        d.epoch.set(Scope::Session, e(5));
+        d.savepoint(&sp(SavepointOp::RollbackTo, "b"));
+        assert_eq!(d.epoch.current(), e(5).as_ref());
+        d.end_transaction(true);
+        assert_eq!(d.epoch.current(), e(5).as_ref());
+    }
+
+    #[test]
+    fn release_keeps_the_values_and_forgets_later_savepoints() {
+        let mut d = Declarations::from_startup(e(1), None);
+        d.savepoint(&sp(SavepointOp::Define, "a"));
+        d.savepoint(&sp(SavepointOp::Define, "b"));
+        d.epoch.set(Scope::Session, e(2));
+        d.savepoint(&sp(SavepointOp::Release, "a"));
+        assert_eq!(d.epoch.current(), e(2).as_ref());
+        d.savepoint(&sp(SavepointOp::RollbackTo, "b"));
+        assert_eq!(d.epoch.current(), e(2).as_ref(), "b went with a");
+        // A reused name means the innermost one.
+        d.savepoint(&sp(SavepointOp::Define, "x"));
+        d.epoch.set(Scope::Session, e(3));
+        d.savepoint(&sp(SavepointOp::Define, "x"));
+        d.epoch.set(Scope::Session, e(4));
+        d.savepoint(&sp(SavepointOp::RollbackTo, "x"));
+        assert_eq!(d.epoch.current(), e(3).as_ref());
+        d.savepoint(&sp(SavepointOp::Release, "x"));
+        d.savepoint(&sp(SavepointOp::RollbackTo, "x"));
+        assert_eq!(d.epoch.current(), e(2).as_ref(), "the outer x");
+        // The transaction's end forgets every savepoint.
+        d.end_transaction(false);
+        assert_eq!(d.epoch.current(), e(1).as_ref());
+        d.epoch.set(Scope::Session, e(6));
+        d.savepoint(&sp(SavepointOp::RollbackTo, "x"));
+        assert_eq!(d.epoch.current(), e(6).as_ref());
     }
 
     #[test]

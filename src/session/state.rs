@@ -25,7 +25,7 @@ use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
 use crate::protocol::{codec, frame};
 use crate::sql::FenceId;
-use crate::sql::classify::Analysis;
+use crate::sql::classify::{Analysis, SavepointOp};
 
 /// What an injected unit was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +80,8 @@ pub enum Effect {
     Fence(Scope, Option<String>),
     /// `RESET ALL` / `DISCARD ALL`.
     ResetAll,
+    /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` a savepoint.
+    Savepoint(SavepointOp),
 }
 
 impl Effect {
@@ -89,6 +91,7 @@ impl Effect {
             Effect::Epoch(scope, v) => declared.epoch.set(scope, v),
             Effect::Fence(scope, v) => declared.fence.set(scope, v),
             Effect::ResetAll => declared.reset_all(),
+            Effect::Savepoint(op) => declared.savepoint(&op),
         }
     }
 }
@@ -150,6 +153,8 @@ pub struct Shared {
     pub declared: Declarations,
     /// The guard that passed in the open transaction (its locks are held until it ends).
     pub guarded: Option<(FenceId, Epoch)>,
+    /// A guard passed in this session, so the database has the `pgfence` schema.
+    pub initialised: bool,
     /// pgfence's own prepared statements.
     pub own: HashMap<OwnStatement, Prepared>,
     /// Syncs and Queries answered so far.
@@ -308,6 +313,7 @@ impl Shared {
     ) -> Verdict {
         if let Some(Injected::Guard(fence, epoch)) = injected {
             self.guarded = Some((fence, epoch));
+            self.initialised = true;
         }
         if tag == b'C' {
             let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();

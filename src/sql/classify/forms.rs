@@ -5,7 +5,7 @@
 use std::iter::Peekable;
 use std::ops::Range;
 
-use super::{Ctx, Hits, StmtKind};
+use super::{Ctx, Hits, SavepointOp, StmtKind};
 use crate::sql::lex::{Lexer, Lexing, Token, TokenKind, ident_value};
 use crate::sql::name::TableName;
 
@@ -118,6 +118,38 @@ impl Ctx<'_> {
                 }
             }
             _ => self.unanalysable_if_named(&span),
+        }
+    }
+
+    /// `SAVEPOINT name`, `RELEASE [SAVEPOINT] name` and
+    /// `ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name`; a plain ROLLBACK (or
+    /// anything unreadable) is `Other`, which Postgres' command tags cover.
+    pub(super) fn savepoint(&self, span: &Range<usize>, first: &str) -> StmtKind {
+        let mut c = Cur::new(self.text(span), self.lexing);
+        c.toks.next();
+        let op: fn(String) -> SavepointOp = match first {
+            "savepoint" => SavepointOp::Define,
+            "release" => SavepointOp::Release,
+            _ => {
+                let _ = c.eat_word("work") || c.eat_word("transaction");
+                if !c.eat_word("to") {
+                    return StmtKind::Other;
+                }
+                SavepointOp::RollbackTo
+            }
+        };
+        // The keyword SAVEPOINT is optional after RELEASE and TO, and is also a valid
+        // savepoint name: `RELEASE savepoint` releases the one named "savepoint".
+        let keyword = first != "savepoint" && c.eat_word("savepoint");
+        let name = match c.ident() {
+            Some(name) => name,
+            None if keyword && c.done() => "savepoint".to_owned(),
+            None => return StmtKind::Other,
+        };
+        if c.done() {
+            StmtKind::Savepoint(op(name))
+        } else {
+            StmtKind::Other
         }
     }
 

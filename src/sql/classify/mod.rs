@@ -104,6 +104,20 @@ pub enum StmtKind {
         /// The statement name, `None` for ALL.
         name: Option<String>,
     },
+    /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` a savepoint: a rollback to one
+    /// undoes the declarations made after it, as in Postgres.
+    Savepoint(SavepointOp),
+}
+
+/// What a savepoint command does; the name is normalised as an identifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SavepointOp {
+    /// `SAVEPOINT name`.
+    Define(String),
+    /// `RELEASE [SAVEPOINT] name`.
+    Release(String),
+    /// `ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name`.
+    RollbackTo(String),
 }
 
 /// Analyses `sql` (one simple-Query text) with default lexing. Never panics.
@@ -282,6 +296,7 @@ impl<'a> Ctx<'a> {
             "explain" => self.explain(span, depth),
             "copy" => self.copy(span, depth),
             "do" | "call" => self.routine_call(&span),
+            "savepoint" | "release" | "rollback" => self.savepoint(&span, first),
             _ if NEVER_WRITE.contains(&first) => StmtKind::Other,
             _ => self.general(span, first),
         }

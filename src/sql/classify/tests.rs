@@ -32,6 +32,7 @@ fn render(k: &StmtKind) -> String {
         StmtKind::Execute { name } => format!("execute {name}"),
         StmtKind::Deallocate { name: Some(n) } => format!("deallocate {n}"),
         StmtKind::Deallocate { name: None } => "deallocate all".into(),
+        StmtKind::Savepoint(op) => format!("{op:?}"),
     }
 }
 
@@ -234,6 +235,19 @@ const ROWS: &[(&str, &str)] = &[
     ("RESET ALL", "declare"),
     ("DISCARD ALL", "declare"),
     ("SHOW pgfence.epoch", "other"),
+    // Savepoints: names normalised as identifiers; plain ROLLBACK is left to the command tags.
+    ("SAVEPOINT s1", "Define(\"s1\")"),
+    ("savepoint \"_pg3_1\"", "Define(\"_pg3_1\")"),
+    ("RELEASE SAVEPOINT S1", "Release(\"s1\")"),
+    ("RELEASE s1", "Release(\"s1\")"),
+    ("RELEASE savepoint", "Release(\"savepoint\")"),
+    ("ROLLBACK TO s1", "RollbackTo(\"s1\")"),
+    ("ROLLBACK WORK TO SAVEPOINT \"S 1\"", "RollbackTo(\"S 1\")"),
+    ("rollback transaction to savepoint", "RollbackTo(\"savepoint\")"),
+    ("ROLLBACK", "other"),
+    ("ROLLBACK AND NO CHAIN", "other"),
+    ("ROLLBACK PREPARED 'gid'", "other"),
+    ("SAVEPOINT", "other"),
     ("VACUUM ANALYZE invoices", "other"),
     ("ANALYZE invoices", "other"),
     ("REINDEX TABLE invoices", "other"),

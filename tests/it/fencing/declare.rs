@@ -203,3 +203,48 @@ async fn several_fences_need_pgfence_fence() {
         .unwrap();
     s2.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await.unwrap();
 }
+
+/// `ROLLBACK TO SAVEPOINT` undoes the declarations made after the savepoint, as Postgres
+/// undoes the settings: pgfence, `SHOW` and the write's outcome agree, in both protocols.
+#[tokio::test]
+async fn rollback_to_savepoint_undoes_later_declarations() {
+    let f = at_epoch_two().await;
+    let s = f.session("-c pgfence.epoch=2").await;
+    // Simple protocol: a stale epoch set after the savepoint is rolled back with it.
+    s.batch_execute("BEGIN; SAVEPOINT a; SET pgfence.epoch = 1; ROLLBACK TO SAVEPOINT a")
+        .await
+        .unwrap();
+    assert_eq!(shown_epoch(&s).await, "2");
+    s.batch_execute(WRITE).await.unwrap();
+    // SET LOCAL too, and nested savepoints restore their own level.
+    s.batch_execute("SAVEPOINT \"Outer\"; SET LOCAL pgfence.epoch = 1; SAVEPOINT nested; SET pgfence.epoch = 2")
+        .await
+        .unwrap();
+    s.batch_execute(WRITE).await.unwrap();
+    s.batch_execute("ROLLBACK TO nested").await.unwrap();
+    assert_eq!(shown_epoch(&s).await, "1");
+    assert_eq!(code(&s.batch_execute(WRITE).await), "PF001");
+    s.batch_execute("ROLLBACK TO \"Outer\"").await.unwrap();
+    assert_eq!(shown_epoch(&s).await, "2");
+    s.execute(WRITE, &[]).await.unwrap();
+    s.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(f.note().await.0, "w");
+    // Extended protocol, and RELEASE keeps what was set.
+    s.execute("BEGIN", &[]).await.unwrap();
+    s.execute("SAVEPOINT b", &[]).await.unwrap();
+    s.execute("SET pgfence.epoch = 1", &[]).await.unwrap();
+    s.execute("ROLLBACK TO b", &[]).await.unwrap();
+    s.execute(WRITE, &[]).await.unwrap();
+    s.execute("SET pgfence.epoch = 1", &[]).await.unwrap();
+    s.execute("RELEASE b", &[]).await.unwrap();
+    assert_eq!(shown_epoch(&s).await, "1");
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+    s.batch_execute("ROLLBACK").await.unwrap();
+    // After the ROLLBACK, the epoch is the committed one again.
+    assert_eq!(shown_epoch(&s).await, "2");
+    s.execute(WRITE, &[]).await.unwrap();
+}
+
+async fn shown_epoch(s: &tokio_postgres::Client) -> String {
+    s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0)
+}

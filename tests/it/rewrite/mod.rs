@@ -180,3 +180,49 @@ async fn rewrite_database_without_init_gets_pf005() {
     // Control: straight to Postgres the same write lands.
     assert_eq!(update_note(&direct, "x").await, 1);
 }
+
+/// Without a lease a rewrite fence's guard only proves that `pgfence init` ran, so a
+/// session runs it before its first rewritten write and not again, in either protocol;
+/// with a lease it runs in every transaction (the lease can still refuse the epoch).
+#[tokio::test]
+async fn rewrite_guard_runs_once_per_session_without_a_lease() {
+    for lease in [false, true] {
+        let f = fixture(lease).await;
+        let e = if lease { f.takeover("a").await } else { 3 };
+        let c = f.leader(e).await;
+        let mut calls = Vec::new();
+        // Each transaction counts the calls its write added.
+        for (i, extended) in [false, true, false, true].into_iter().enumerate() {
+            c.batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
+                .await
+                .unwrap();
+            let before = guard_calls(&c).await;
+            let note = format!("w{i}");
+            if extended {
+                assert_eq!(update_note(&c, &note).await, 1);
+            } else {
+                c.batch_execute(&format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1"))
+                    .await
+                    .unwrap();
+            }
+            calls.push(guard_calls(&c).await - before);
+            c.batch_execute("COMMIT").await.unwrap();
+            // Every write is still rewritten: it stamps the session's epoch.
+            assert_eq!(f.note().await, (note, e), "lease: {lease}");
+        }
+        let expected = if lease { [1, 1, 1, 1] } else { [1, 0, 0, 0] };
+        assert_eq!(calls, expected, "guard calls per transaction, lease: {lease}");
+    }
+}
+
+/// Calls of `pgfence.guard` counted in this backend and not yet flushed to the shared
+/// statistics (which carry over between transactions until a flush).
+async fn guard_calls(c: &Client) -> i64 {
+    c.query_one(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions WHERE funcname = 'guard'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
