@@ -375,7 +375,8 @@ impl<'a> Ctx<'a> {
     /// Whether a `U&"…"` identifier (or `U&'…'` string) could spell any name.
     fn may_spell_any_name(&self, span: &Range<usize>) -> bool {
         let lower = self.lower.get(span.clone()).unwrap_or(&[]);
-        memchr::memmem::find(lower, b"u&").is_some()
+        // `&` is rare in SQL: look for it rather than build a substring finder per call.
+        memchr::memchr_iter(b'&', lower).any(|i| i > 0 && lower[i - 1] == b'u')
     }
 
     /// The pre-filter: may the statement name a fenced table?
