@@ -25,10 +25,11 @@ mod toks;
 mod verify;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::fence::epoch::Epoch;
-use crate::sql::lex::Lexing;
+use crate::sql::lex::{Lexer, Lexing, TokenKind};
 use crate::sql::name::TableName;
 
 /// What to rewrite for: the tables of one rewrite-mode fence and its column.
@@ -76,6 +77,16 @@ pub fn rewrite_lexing(
     epoch: Epoch,
     lexing: Lexing,
 ) -> Result<String, Unsupported> {
+    rewrite_with_edits(stmt_sql, target, epoch, lexing).map(|(out, _)| out)
+}
+
+/// The rewrite and the edits that made it from `stmt_sql`, sorted by position.
+fn rewrite_with_edits(
+    stmt_sql: &str,
+    target: &RewriteTarget,
+    epoch: Epoch,
+    lexing: Lexing,
+) -> Result<(String, Vec<dml::Edit>), Unsupported> {
     let toks = toks::Toks::new(stmt_sql, lexing).ok_or_else(|| dml::shape("unbalanced parentheses"))?;
     refuse_commands(&toks)?;
     let mut rw = dml::Rw {
@@ -90,12 +101,14 @@ pub fn rewrite_lexing(
     if rw.nodes == 0 {
         return Err(dml::shape("no INSERT, UPDATE, DELETE or MERGE on the table was found"));
     }
-    let out = apply(stmt_sql, rw.edits)?;
+    let mut edits = rw.edits;
+    edits.sort_by_key(|e| e.at.start);
+    let out = apply(stmt_sql, &edits)?;
     let verified = verify::verify(&out, target, &rw.n, &rw.col)?;
     if verified != rw.nodes {
         return Err(dml::shape("the rewritten statement could not be verified"));
     }
-    Ok(out)
+    Ok((out, edits))
 }
 
 /// Commands that change a rewrite-mode table without rows to put an epoch in.
@@ -116,9 +129,9 @@ fn refuse_commands(t: &toks::Toks<'_>) -> Result<(), Unsupported> {
     Ok(())
 }
 
-/// Applies non-overlapping edits; insertions at one offset keep their order.
-fn apply(sql: &str, mut edits: Vec<dml::Edit>) -> Result<String, Unsupported> {
-    edits.sort_by_key(|e| e.at.start);
+/// Applies non-overlapping edits, sorted by position; insertions at one offset
+/// keep their order.
+fn apply(sql: &str, edits: &[dml::Edit]) -> Result<String, Unsupported> {
     let mut out = String::with_capacity(sql.len() + 64 * edits.len());
     let mut copied = 0;
     for e in edits {
@@ -149,10 +162,181 @@ pub const CACHE_MAX_TEXT: usize = 16 * 1024;
 type Rewritten = Result<Arc<str>, Unsupported>;
 
 /// Rewrites for one fence, cached per (statement text, epoch), bounded.
+///
+/// Statements that differ only in the values of plain literals (simple-protocol
+/// clients that inline their values, such as `pgbench -M simple`) share one
+/// **template**: the rewrite never looks inside a literal (the edits sit at
+/// token boundaries, chosen by keywords, punctuation and names), so the text
+/// with every plain literal replaced by a placeholder of the same kind (`1`,
+/// `''`) is rewritten and verified once, and each statement of that shape gets
+/// the template with its own literals put back. Only literals that every
+/// reader tokenises alike take part: unsigned decimal numbers and `'…'` strings
+/// without backslashes; anything else stays in the template's text as written.
 #[derive(Debug)]
 pub struct RewriteCache {
     target: RewriteTarget,
     map: HashMap<Box<str>, Vec<(Epoch, Rewritten)>>,
+    templates: HashMap<Box<str>, Vec<(Epoch, Arc<Template>)>>,
+}
+
+/// A rewrite with holes where the statement's plain literals go.
+#[derive(Debug)]
+struct Template {
+    /// Text between the holes: one more than `holes`.
+    segments: Vec<Box<str>>,
+    /// For each hole, which of the statement's plain literals fills it (a
+    /// literal the rewrite replaced, such as a client value for the epoch
+    /// column, has no hole).
+    holes: Vec<usize>,
+}
+
+impl Template {
+    fn fill(&self, sql: &str, literals: &[Range<usize>]) -> Option<String> {
+        let len = self.segments.iter().map(|s| s.len()).sum::<usize>()
+            + self
+                .holes
+                .iter()
+                .map(|&i| literals.get(i).map_or(0, |l| l.len()))
+                .sum::<usize>();
+        let mut out = String::with_capacity(len);
+        for (segment, &hole) in self.segments.iter().zip(&self.holes) {
+            out.push_str(segment);
+            out.push_str(sql.get(literals.get(hole)?.clone())?);
+        }
+        out.push_str(self.segments.last()?);
+        Some(out)
+    }
+}
+
+/// The statement with its plain literals replaced by placeholders, and where
+/// those literals are in the statement; `None` when it has none.
+fn shape_of(sql: &str) -> Option<(String, Vec<Range<usize>>)> {
+    let mut shape = String::with_capacity(sql.len());
+    let mut literals = Vec::new();
+    let mut copied = 0;
+    for t in Lexer::new(sql, Lexing::default()) {
+        let text = &sql[t.span.clone()];
+        let before = sql[..t.span.start].bytes().next_back();
+        let after = sql[t.span.end..].bytes().next();
+        if !before.is_none_or(is_separator) || !after.is_none_or(is_separator) {
+            continue;
+        }
+        let placeholder = match t.kind {
+            TokenKind::Number if is_plain_number(text) => "1",
+            TokenKind::String if is_plain_string(text) => "''",
+            _ => continue,
+        };
+        shape.push_str(&sql[copied..t.span.start]);
+        shape.push_str(placeholder);
+        copied = t.span.end;
+        literals.push(t.span);
+    }
+    if literals.is_empty() {
+        return None;
+    }
+    shape.push_str(&sql[copied..]);
+    Some((shape, literals))
+}
+
+/// A byte that cannot continue or prefix a literal token: not part of a word,
+/// number, parameter or quote (so no reader joins it with the literal, whatever
+/// the literal's value).
+fn is_separator(b: u8) -> bool {
+    !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'$' | b'\'' | b'"' | b'&' | b'\\') || b >= 0x80)
+}
+
+/// `123` or `12.5`: one token for every SQL tokeniser, with any digits.
+fn is_plain_number(text: &str) -> bool {
+    let (int, frac) = text.split_once('.').unwrap_or((text, "1"));
+    !int.is_empty() && !frac.is_empty() && (int.bytes().chain(frac.bytes())).all(|b| b.is_ascii_digit())
+}
+
+/// A terminated `'…'` (not `B'…'`, `E'…'`, …) without a backslash, quotes
+/// inside only doubled: no reader of standard-conforming strings could take its
+/// extent differently.
+fn is_plain_string(text: &str) -> bool {
+    let Some(inner) = text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) else {
+        return false;
+    };
+    !inner.contains('\\') && !inner.replace("''", "").contains('\'')
+}
+
+/// The template of `shape`'s rewrite: where each placeholder (at `placeholders`
+/// in `shape`, sorted) lands in the rewritten text. `edits` are sorted and do
+/// not overlap, as [`apply`] needs. `None` if an edit cuts into a placeholder.
+fn template_of(shape: &str, placeholders: &[Range<usize>], edits: &[dml::Edit]) -> Option<Template> {
+    // A placeholder an edit covers is replaced with it; one an edit reaches into
+    // (or inserts into) cannot be put back.
+    let mut kept = Vec::with_capacity(placeholders.len());
+    for (i, p) in placeholders.iter().enumerate() {
+        let mut replaced = false;
+        for e in edits {
+            let inside = e.at.start.max(p.start) < e.at.end.min(p.end) || (p.start < e.at.start && e.at.start < p.end);
+            if !inside {
+                continue;
+            }
+            if e.at.start <= p.start && p.end <= e.at.end {
+                replaced = true;
+            } else {
+                return None;
+            }
+        }
+        if !replaced {
+            kept.push((i, p.clone()));
+        }
+    }
+    let mut b = TemplateBuilder {
+        shape,
+        kept: &kept,
+        next: 0,
+        segments: Vec::with_capacity(kept.len() + 1),
+        holes: Vec::with_capacity(kept.len()),
+        current: String::with_capacity(shape.len() + 64 * edits.len()),
+    };
+    let mut copied = 0;
+    for e in edits {
+        b.copy(copied..e.at.start)?;
+        b.current.push_str(&e.text);
+        copied = copied.max(e.at.end);
+    }
+    b.copy(copied..shape.len())?;
+    if b.next != kept.len() {
+        return None;
+    }
+    b.segments.push(b.current.into_boxed_str());
+    Some(Template {
+        segments: b.segments,
+        holes: b.holes,
+    })
+}
+
+/// Builds a [`Template`] while copying the unedited parts of a shape.
+struct TemplateBuilder<'a> {
+    shape: &'a str,
+    kept: &'a [(usize, Range<usize>)],
+    next: usize,
+    segments: Vec<Box<str>>,
+    holes: Vec<usize>,
+    current: String,
+}
+
+impl TemplateBuilder<'_> {
+    /// Copies `range` of the shape, leaving a hole for each kept placeholder in it.
+    fn copy(&mut self, range: Range<usize>) -> Option<()> {
+        let mut from = range.start;
+        while let Some((i, p)) = self.kept.get(self.next) {
+            if p.start >= range.end {
+                break;
+            }
+            self.current.push_str(self.shape.get(from..p.start)?);
+            self.segments.push(std::mem::take(&mut self.current).into_boxed_str());
+            self.holes.push(*i);
+            from = p.end;
+            self.next += 1;
+        }
+        self.current.push_str(self.shape.get(from..range.end)?);
+        Some(())
+    }
 }
 
 impl RewriteCache {
@@ -161,6 +345,7 @@ impl RewriteCache {
         Self {
             target,
             map: HashMap::new(),
+            templates: HashMap::new(),
         }
     }
 
@@ -174,20 +359,56 @@ impl RewriteCache {
         if let Some(hit) = self.map.get(sql).and_then(|v| v.iter().find(|(e, _)| *e == epoch)) {
             return hit.1.clone();
         }
+        if sql.len() <= CACHE_MAX_TEXT
+            && let Some(out) = self.through_template(sql, epoch)
+        {
+            return Ok(Arc::from(out));
+        }
         let result = rewrite(sql, &self.target, epoch).map(Arc::from);
         if sql.len() <= CACHE_MAX_TEXT {
-            if !self.map.contains_key(sql)
-                && self.map.len() >= CACHE_ENTRIES
-                && let Some(victim) = self.map.keys().next().cloned()
-            {
-                self.map.remove(&victim);
-            }
-            let slot = self.map.entry(sql.into()).or_default();
-            if slot.len() >= EPOCHS_PER_TEXT {
-                drop(slot.remove(0));
-            }
-            slot.push((epoch, result.clone()));
+            remember(&mut self.map, sql, epoch, result.clone());
         }
         result
     }
+
+    /// The rewrite through the statement's template (made on first use);
+    /// `None` when it has no plain literal or its shape cannot be rewritten
+    /// (the caller then rewrites the text itself, which reports why).
+    fn through_template(&mut self, sql: &str, epoch: Epoch) -> Option<String> {
+        let (shape, literals) = shape_of(sql)?;
+        let cached = self
+            .templates
+            .get(shape.as_str())
+            .and_then(|v| v.iter().find(|(e, _)| *e == epoch))
+            .map(|(_, t)| t.clone());
+        let template = match cached {
+            Some(t) => t,
+            None => {
+                let (_, edits) = rewrite_with_edits(&shape, &self.target, epoch, Lexing::default()).ok()?;
+                let placeholders = shape_of(&shape).map(|(_, p)| p).unwrap_or_default();
+                if placeholders.len() != literals.len() {
+                    return None;
+                }
+                let t = Arc::new(template_of(&shape, &placeholders, &edits)?);
+                remember(&mut self.templates, &shape, epoch, t.clone());
+                t
+            }
+        };
+        template.fill(sql, &literals)
+    }
+}
+
+/// Stores `value` for (`key`, `epoch`), evicting to stay within the bounds.
+fn remember<V>(map: &mut HashMap<Box<str>, Vec<(Epoch, V)>>, key: &str, epoch: Epoch, value: V) {
+    if !map.contains_key(key)
+        && map.len() >= CACHE_ENTRIES
+        && let Some(victim) = map.keys().next().cloned()
+    {
+        map.remove(&victim);
+    }
+    let slot = map.entry(key.into()).or_default();
+    if slot.len() >= EPOCHS_PER_TEXT {
+        drop(slot.remove(0));
+    }
+    slot.push((epoch, value));
 }
