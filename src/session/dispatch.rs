@@ -285,7 +285,7 @@ impl Dispatcher {
     fn inject_extended(&mut self, shared: &mut Shared, decision: Decision, out: &mut BytesMut) {
         let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
             Decision::Guard { fence, epoch } => {
-                if shared.guard_still_held(fence, epoch) || self.init_already_proven(shared, fence) {
+                if shared.guard_still_held(fence, epoch) {
                     return;
                 }
                 let (name, lease) = self.fence_args(fence);
@@ -386,14 +386,6 @@ impl Dispatcher {
             f.name.as_str(),
             self.fences.lease_tables[usize::from(fence.0)].as_deref(),
         )
-    }
-
-    /// Whether the guard of `fence` can add nothing in this session: a rewrite fence
-    /// without a lease keeps no state in the database (the rows carry the epochs), so
-    /// its guard only proves that `pgfence init` ran there (else PF005), and one
-    /// already passed in this session.
-    pub(super) fn init_already_proven(&self, shared: &Shared, fence: FenceId) -> bool {
-        shared.initialised && !self.keeps_hwm(fence) && self.fences.lease_tables[usize::from(fence.0)].is_none()
     }
 
     fn keeps_hwm(&self, fence: FenceId) -> bool {

@@ -136,12 +136,10 @@ impl Dispatcher {
     ) -> (String, Option<(Injected, String)>) {
         match self.plan(fences, stmt_sql, exact) {
             Plan::Rewrite { fence, epoch, text } => {
-                // The guard checks the lease (PF003) when there is one, once per transaction;
-                // without one it only proves the database was initialised (PF005), once per
-                // session.
-                let redundant =
-                    (single && shared.guard_still_held(fence, epoch)) || self.init_already_proven(shared, fence);
-                let guard = (!redundant).then(|| {
+                // The guard checks the lease (PF003) when there is one; without one it only
+                // proves the database was initialised (PF005). Once per transaction: the
+                // contract checks every transaction, and the schema may be gone since.
+                let guard = (!(single && shared.guard_still_held(fence, epoch))).then(|| {
                     let (name, lease) = self.fence_args(fence);
                     (
                         Injected::Guard(fence, epoch),

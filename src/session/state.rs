@@ -153,8 +153,6 @@ pub struct Shared {
     pub declared: Declarations,
     /// The guard that passed in the open transaction (its locks are held until it ends).
     pub guarded: Option<(FenceId, Epoch)>,
-    /// A guard passed in this session, so the database has the `pgfence` schema.
-    pub initialised: bool,
     /// pgfence's own prepared statements.
     pub own: HashMap<OwnStatement, Prepared>,
     /// Syncs and Queries answered so far.
@@ -313,7 +311,6 @@ impl Shared {
     ) -> Verdict {
         if let Some(Injected::Guard(fence, epoch)) = injected {
             self.guarded = Some((fence, epoch));
-            self.initialised = true;
         }
         if tag == b'C' {
             let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();
@@ -398,15 +395,17 @@ impl Shared {
     /// Errors are always forwarded; an error from pgfence's own guard because
     /// the schema or function is missing becomes PF005.
     fn error_verdict(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
-        let Some(injected) = injected else {
+        if injected.is_none() {
             return Verdict::Forward;
-        };
+        }
         let code = body.and_then(frame::error_code);
         if matches!(code, Some(b"26000")) {
             // Our prepared statement is gone (DEALLOCATE by name): prepare it again next time.
             self.own.clear();
         }
-        let missing_schema = matches!(code, Some(b"3F000" | b"42883")) && !matches!(injected, Injected::Plumbing);
+        // Also at the Bind of our own prepared guard: when the schema was dropped after it was
+        // prepared, re-planning it there is what fails.
+        let missing_schema = matches!(code, Some(b"3F000" | b"42883"));
         if missing_schema {
             let mut out = BytesMut::new();
             codec::error_response(

@@ -259,6 +259,24 @@ async fn database_without_init_gets_pf005() {
         .unwrap();
 }
 
+/// `pgfence init` undone under a session that already passed the guard: its next fenced
+/// write is PF005 in both protocols (in the extended one, re-planning the prepared guard
+/// at Bind is what fails).
+#[tokio::test]
+async fn schema_dropped_under_a_session_gives_pf005() {
+    let f = Fixture::new().await;
+    let e = f.takeover("a").await;
+    let s = f.leader(e).await;
+    let write = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
+    s.execute(write, &[]).await.unwrap();
+    s.batch_execute(write).await.unwrap();
+    f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
+    assert_eq!(code(&s.execute(write, &[]).await), "PF005");
+    assert_eq!(code(&s.batch_execute(write).await), "PF005");
+    // Control: the same write straight to Postgres lands, with no fence left to stop it.
+    assert_eq!(f.direct().await.execute(write, &[]).await.unwrap(), 1);
+}
+
 #[tokio::test]
 async fn epoch_above_the_lease_is_pf003() {
     let f = Fixture::new().await;

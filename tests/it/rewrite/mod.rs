@@ -181,11 +181,11 @@ async fn rewrite_database_without_init_gets_pf005() {
     assert_eq!(update_note(&direct, "x").await, 1);
 }
 
-/// Without a lease a rewrite fence's guard only proves that `pgfence init` ran, so a
-/// session runs it before its first rewritten write and not again, in either protocol;
-/// with a lease it runs in every transaction (the lease can still refuse the epoch).
+/// The contract checks every transaction: the guard runs once in each, in either protocol,
+/// with a lease (which can still refuse the epoch) and without one (where it proves that
+/// `pgfence init` ran), so a schema dropped under a session is noticed at its next write.
 #[tokio::test]
-async fn rewrite_guard_runs_once_per_session_without_a_lease() {
+async fn rewrite_guard_runs_in_every_transaction() {
     for lease in [false, true] {
         let f = fixture(lease).await;
         let e = if lease { f.takeover("a").await } else { 3 };
@@ -210,8 +210,18 @@ async fn rewrite_guard_runs_once_per_session_without_a_lease() {
             // Every write is still rewritten: it stamps the session's epoch.
             assert_eq!(f.note().await, (note, e), "lease: {lease}");
         }
-        let expected = if lease { [1, 1, 1, 1] } else { [1, 0, 0, 0] };
-        assert_eq!(calls, expected, "guard calls per transaction, lease: {lease}");
+        assert_eq!(calls, [1, 1, 1, 1], "guard calls per transaction, lease: {lease}");
+        if !lease {
+            f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
+            assert_eq!(
+                code(&c.batch_execute("UPDATE sweep_state SET note = 'x' WHERE id = 1").await),
+                "PF005"
+            );
+            assert_eq!(
+                code(&c.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await),
+                "PF005"
+            );
+        }
     }
 }
 
