@@ -167,8 +167,8 @@ type Rewritten = Result<Arc<str>, Unsupported>;
 /// clients that inline their values, such as `pgbench -M simple`) share one
 /// **template**: the rewrite never looks inside a literal (the edits sit at
 /// token boundaries, chosen by keywords, punctuation and names), so the text
-/// with every plain literal replaced by a placeholder of the same kind (`1`,
-/// `''`) is rewritten and verified once, and each statement of that shape gets
+/// with every plain literal replaced by a placeholder of the same kind (`0`,
+/// `0.0`, `''`) is rewritten and verified once, and each statement of that shape gets
 /// the template with its own literals put back. Only literals that every
 /// reader tokenises alike take part: unsigned decimal numbers and `'…'` strings
 /// without backslashes; anything else stays in the template's text as written.
@@ -176,8 +176,12 @@ type Rewritten = Result<Arc<str>, Unsupported>;
 pub struct RewriteCache {
     target: RewriteTarget,
     map: HashMap<Box<str>, Vec<(Epoch, Rewritten)>>,
-    templates: HashMap<Box<str>, Vec<(Epoch, Arc<Template>)>>,
+    templates: HashMap<Box<str>, Vec<(Epoch, Shaped)>>,
 }
+
+/// A shape's template; `None` when the shape cannot be rewritten (each text is then
+/// rewritten itself, to say why).
+type Shaped = Option<Arc<Template>>;
 
 /// A rewrite with holes where the statement's plain literals go.
 #[derive(Debug)]
@@ -222,7 +226,13 @@ fn shape_of(sql: &str) -> Option<(String, Vec<Range<usize>>)> {
             continue;
         }
         let placeholder = match t.kind {
-            TokenKind::Number if is_plain_number(text) => "1",
+            TokenKind::Number if is_plain_number(text) => {
+                if text.contains('.') {
+                    "0.0"
+                } else {
+                    "0"
+                }
+            }
             TokenKind::String if is_plain_string(text) => "''",
             _ => continue,
         };
@@ -245,10 +255,16 @@ fn is_separator(b: u8) -> bool {
     !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'$' | b'\'' | b'"' | b'&' | b'\\') || b >= 0x80)
 }
 
-/// `123` or `12.5`: one token for every SQL tokeniser, with any digits.
+/// `123` or `12.5`, at most 18 digits: one token for every SQL tokeniser, and a
+/// value that any reader taking it as an integer (sqlparser does, for type
+/// modifiers such as `varchar(n)`) can hold, as it can the placeholder. The
+/// placeholder keeps the form (`0` or `0.0`), and no epoch is written as `0`.
 fn is_plain_number(text: &str) -> bool {
-    let (int, frac) = text.split_once('.').unwrap_or((text, "1"));
-    !int.is_empty() && !frac.is_empty() && (int.bytes().chain(frac.bytes())).all(|b| b.is_ascii_digit())
+    let (int, frac) = text.split_once('.').unwrap_or((text, "0"));
+    !int.is_empty()
+        && !frac.is_empty()
+        && int.len() + frac.len() <= 18
+        && (int.bytes().chain(frac.bytes())).all(|b| b.is_ascii_digit())
 }
 
 /// A terminated `'…'` (not `B'…'`, `E'…'`, …) without a backslash, quotes
@@ -382,16 +398,19 @@ impl RewriteCache {
             .and_then(|v| v.iter().find(|(e, _)| *e == epoch))
             .map(|(_, t)| t.clone());
         let template = match cached {
-            Some(t) => t,
+            Some(t) => t?,
             None => {
-                let (_, edits) = rewrite_with_edits(&shape, &self.target, epoch, Lexing::default()).ok()?;
-                let placeholders = shape_of(&shape).map(|(_, p)| p).unwrap_or_default();
-                if placeholders.len() != literals.len() {
-                    return None;
-                }
-                let t = Arc::new(template_of(&shape, &placeholders, &edits)?);
-                remember(&mut self.templates, &shape, epoch, t.clone());
-                t
+                let made = rewrite_with_edits(&shape, &self.target, epoch, Lexing::default())
+                    .ok()
+                    .and_then(|(_, edits)| {
+                        let placeholders = shape_of(&shape).map(|(_, p)| p).unwrap_or_default();
+                        if placeholders.len() != literals.len() {
+                            return None;
+                        }
+                        template_of(&shape, &placeholders, &edits).map(Arc::new)
+                    });
+                remember(&mut self.templates, &shape, epoch, made.clone());
+                made?
             }
         };
         template.fill(sql, &literals)

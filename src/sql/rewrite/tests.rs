@@ -203,8 +203,10 @@ fn template_rewrites_equal_text_rewrites() {
             assert_eq!(cache.rewrite(&sql, epoch), expected, "{sql}");
         }
     }
-    // Every rewritable shape went through a template; its statements were not cached one by one.
-    assert_eq!(cache.templates.len(), SHAPES.len() - 1, "{:?}", cache.templates.keys());
+    // Every shape went through a template (the refused one is remembered as such); the
+    // statements were not cached one by one.
+    assert_eq!(cache.templates.len(), SHAPES.len(), "{:?}", cache.templates.keys());
+    assert_eq!(cache.templates.values().filter(|v| v[0].1.is_none()).count(), 1);
     assert!(
         cache
             .map
@@ -223,7 +225,7 @@ fn templates_keep_unusual_literals_as_written() {
             .unwrap();
     assert_eq!(
         shape,
-        "UPDATE t SET a = E'\\\\', b = $$x$$, c = B'1', d = 1e5, e = '', f = 1, g = .5 WHERE id = 1"
+        "UPDATE t SET a = E'\\\\', b = $$x$$, c = B'1', d = 1e5, e = '', f = 0.0, g = .5 WHERE id = 0"
     );
     assert_eq!(literals.len(), 3);
     assert!(shape_of("UPDATE t SET a = $1 WHERE b = E'x'").is_none());
@@ -243,7 +245,7 @@ fn a_client_epoch_literal_has_no_hole() {
         &*out,
         "UPDATE sweep_state SET last_epoch = 7, note = 'a' WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7"
     );
-    let t = cache.templates.values().next().unwrap()[0].1.clone();
+    let t = cache.templates.values().next().unwrap()[0].1.clone().unwrap();
     assert_eq!(t.holes, vec![1, 2], "the client's 99 was replaced, not put back");
 }
 
@@ -253,6 +255,10 @@ fn a_client_epoch_literal_has_no_hole() {
 fn template_and_text_agree_on_an_unterminated_string() {
     let epoch = Epoch::new(1).unwrap();
     for sql in [
+        // Found in review: sqlparser reads type modifiers as integers, so a huge one fails
+        // to parse where a placeholder would not.
+        "UPDATE sweep_state SET note = 'x'::varchar(99999999999999999999) WHERE id = 1",
+        "UPDATE sweep_state SET note = 'x'::numeric(1.5) WHERE id = 1",
         "UPDATE sweep_state*SET Wote =00?X000'0 coae\0\u{2}U''",
         "UPDATE sweep_state SET note = 'x''",
         "UPDATE sweep_state SET note = 'x'' WHERE id = 1",
