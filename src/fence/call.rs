@@ -19,6 +19,14 @@ pub const GUARD_SQL: &str = "SELECT pgfence.guard($1, $2, $3, $4)";
 /// Parameter type OIDs of [`GUARD_SQL`] for a Parse message: text, int8, text, bool.
 pub const GUARD_PARAM_TYPES: [u32; 4] = [25, 20, 25, 16];
 
+/// The guard of a rewrite-mode fence without a lease. Such a fence keeps no state in the
+/// database (the rows carry the epochs) and its full guard only proves that the
+/// `pgfence` schema is there, so a statement that names a pgfence function does the same
+/// for the cost of a constant: `lock_key` is an immutable SQL function, inlined and folded
+/// at planning, and a prepared plan that inlined it is re-planned (and fails with 3F000 or
+/// 42883, reported as PF005) once the schema is dropped. Same text in both protocols.
+pub const PROBE_SQL: &str = "SELECT pgfence.lock_key('')";
+
 /// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint (all `text`).
 pub const REJECT_SQL: &str = "SELECT pgfence.reject($1, $2, $3)";
 

@@ -288,9 +288,13 @@ impl Dispatcher {
                 if shared.guard_still_held(fence, epoch) {
                     return;
                 }
-                let (name, lease) = self.fence_args(fence);
-                let params = guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec();
-                (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
+                if self.probe_only(fence) {
+                    (OwnStatement::Probe, Injected::Guard(fence, epoch), Vec::new())
+                } else {
+                    let (name, lease) = self.fence_args(fence);
+                    let params = guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec();
+                    (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
+                }
             }
             Decision::Reject(r) => (
                 OwnStatement::Reject,
@@ -305,6 +309,7 @@ impl Dispatcher {
             let (sql, types) = match own {
                 OwnStatement::Guard => (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec()),
                 OwnStatement::Reject => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
+                OwnStatement::Probe => (guard_sql::PROBE_SQL, Vec::new()),
             };
             if matches!(prepared, Prepared::InFlight(_)) {
                 // A Parse from an earlier batch may or may not have landed: close it first.
@@ -386,6 +391,11 @@ impl Dispatcher {
             f.name.as_str(),
             self.fences.lease_tables[usize::from(fence.0)].as_deref(),
         )
+    }
+
+    /// Whether `fence`'s guard is only the schema probe: rewrite mode without a lease.
+    pub(super) fn probe_only(&self, fence: FenceId) -> bool {
+        !self.keeps_hwm(fence) && self.fences.lease_tables[usize::from(fence.0)].is_none()
     }
 
     fn keeps_hwm(&self, fence: FenceId) -> bool {

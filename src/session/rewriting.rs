@@ -141,10 +141,12 @@ impl Dispatcher {
                 // contract checks every transaction, and the schema may be gone since.
                 let guard = (!(single && shared.guard_still_held(fence, epoch))).then(|| {
                     let (name, lease) = self.fence_args(fence);
-                    (
-                        Injected::Guard(fence, epoch),
-                        guard_sql::guard_call(name, epoch, lease, false),
-                    )
+                    let call = if self.probe_only(fence) {
+                        guard_sql::PROBE_SQL.to_owned()
+                    } else {
+                        guard_sql::guard_call(name, epoch, lease, false)
+                    };
+                    (Injected::Guard(fence, epoch), call)
                 });
                 (text.to_string(), guard)
             }

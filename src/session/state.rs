@@ -47,6 +47,8 @@ pub enum OwnStatement {
     Guard,
     /// `SELECT pgfence.reject($1,$2,$3)`.
     Reject,
+    /// The schema probe of rewrite fences without a lease (see `fence::call::PROBE_SQL`).
+    Probe,
 }
 
 impl OwnStatement {
@@ -55,6 +57,7 @@ impl OwnStatement {
         match self {
             OwnStatement::Guard => "pgfence_guard_v1",
             OwnStatement::Reject => "pgfence_reject_v1",
+            OwnStatement::Probe => "pgfence_probe_v1",
         }
     }
 }
