@@ -274,7 +274,18 @@ fn is_plain_string(text: &str) -> bool {
     let Some(inner) = text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) else {
         return false;
     };
-    !inner.contains('\\') && !inner.replace("''", "").contains('\'')
+    // Runs of quotes inside must be even (doubled); no allocation on this per-statement path.
+    let bytes = inner.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => return false,
+            b'\'' if bytes.get(i + 1) == Some(&b'\'') => i += 2,
+            b'\'' => return false,
+            _ => i += 1,
+        }
+    }
+    true
 }
 
 /// The template of `shape`'s rewrite: where each placeholder (at `placeholders`
