@@ -49,7 +49,7 @@ pub struct ServerContext {
     /// The configuration.
     pub config: Arc<Config>,
     /// Drain token: cancelled on SIGTERM once the listener is closed, so a client told
-    /// 57P01 can no longer connect.
+    /// 57P01 can no longer connect, and with the fast token.
     pub drain: CancellationToken,
     /// Fast-exit token (SIGINT).
     pub fast: CancellationToken,
@@ -96,7 +96,9 @@ impl ServerContext {
         let fences: Arc<[Fence]> = config.fences.clone().into();
         Self {
             config,
-            drain: CancellationToken::new(),
+            // A child of the fast token: a fast shutdown is also a drain, so a session
+            // watches one token until the drain starts.
+            drain: shutdown.fast.child_token(),
             fast: shutdown.fast.clone(),
             fences,
             by_database: Mutex::new(HashMap::new()),

@@ -44,19 +44,23 @@ use state::Shared;
 pub async fn serve(client: TcpStream, peer: SocketAddr, id: u64, ctx: Arc<ServerContext>) {
     let span = tracing::info_span!("session", session = id, %peer, user = tracing::field::Empty,
         db = tracing::field::Empty, epoch = tracing::field::Empty);
-    async move {
+    let established = async {
         let _ = client.set_nodelay(true);
-        match startup::establish(client, &ctx).await {
-            Ok(Some(est)) => relay_session(est, &ctx).await,
-            Ok(None) => {}
-            Err(e) => debug!(error = %e, "session ended during startup"),
-        }
+        startup::establish(client, &ctx).await
     }
-    .instrument(span)
-    .await
+    .instrument(span.clone())
+    .await;
+    match established {
+        Ok(Some(est)) => relay_session(est, &ctx, span).await,
+        Ok(None) => {}
+        Err(e) => span.in_scope(|| debug!(error = %e, "session ended during startup")),
+    }
 }
 
-async fn relay_session(est: startup::Established, ctx: &ServerContext) {
+/// The relay loop runs outside the session's span: entering a span on every
+/// poll costs a few percent of a proxied query, and nothing in the loop logs.
+/// Startup and [`finish`], which do log, run inside it.
+async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tracing::Span) {
     let startup::Established {
         mut client,
         mut upstream,
@@ -75,15 +79,20 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext) {
     let end = {
         let mut c2u = pin!(relay::client_to_upstream(&mut cr, &mut uw, &shared, &mut disp, max));
         let mut u2c = pin!(relay::upstream_to_client(&mut ur, &mut cw, &shared));
+        // Until the drain starts, only the drain token is watched (it is a child of the fast
+        // token, so a fast shutdown cancels it too); after, the fast token and the grace period.
         let mut draining = false;
         let grace = tokio::time::sleep(ctx.config.shutdown_grace);
         let mut grace = pin!(grace);
         loop {
             tokio::select! {
+                biased;
                 end = &mut c2u => break end,
                 end = &mut u2c => break end,
-                () = ctx.fast.cancelled() => break End::Drained,
                 () = ctx.drain.cancelled(), if !draining => {
+                    if ctx.fast.is_cancelled() {
+                        break End::Drained;
+                    }
                     draining = true;
                     let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
                     st.draining = true;
@@ -92,11 +101,12 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext) {
                     }
                     grace.as_mut().reset(tokio::time::Instant::now() + ctx.config.shutdown_grace);
                 }
+                () = ctx.fast.cancelled(), if draining => break End::Drained,
                 () = &mut grace, if draining => break End::Drained,
             }
         }
     };
-    finish(end, &mut client, &mut upstream).await;
+    finish(end, &mut client, &mut upstream).instrument(span).await;
 }
 
 /// Reports how the session ended, to the client where the protocol allows.
