@@ -107,6 +107,50 @@ pub fn ident_value(sql: &str, token: &Token) -> Option<String> {
     Some(value)
 }
 
+/// The name a `U&"…"` identifier token denotes, as Postgres decodes it:
+/// `""` is a quote, `<escape><escape>` the escape character itself,
+/// `<escape>XXXX` and `<escape>+XXXXXX` code points in hex (UTF-16 surrogate
+/// pairs combine); no case folding; truncated to 63 bytes. `escape` is `\`
+/// unless a `UESCAPE` clause names another. `None` where Postgres raises an
+/// error (a bad escape, code point 0, an empty name) or for other tokens.
+pub fn unicode_ident_value(sql: &str, token: &Token, escape: char) -> Option<String> {
+    if token.kind != TokenKind::UnicodeIdent {
+        return None;
+    }
+    let text = sql.get(token.span.clone())?;
+    let inner = text.get(3..)?.strip_suffix('"')?.replace("\"\"", "\"");
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars().peekable();
+    let mut high: Option<u32> = None;
+    while let Some(c) = chars.next() {
+        // A doubled escape is the escape character itself.
+        let code = if c != escape || chars.next_if_eq(&escape).is_some() {
+            None
+        } else {
+            let digits = if chars.next_if_eq(&'+').is_some() { 6 } else { 4 };
+            let mut v = 0u32;
+            for _ in 0..digits {
+                v = v * 16 + chars.next()?.to_digit(16)?;
+            }
+            Some(v)
+        };
+        match (high.take(), code) {
+            (None, None) => out.push(c),
+            (None, Some(v @ 0xD800..=0xDBFF)) => high = Some(v),
+            (Some(h), Some(v @ 0xDC00..=0xDFFF)) => {
+                out.push(char::from_u32(0x10000 + ((h - 0xD800) << 10) + (v - 0xDC00))?);
+            }
+            (None, Some(v)) if v != 0 => out.push(char::from_u32(v)?),
+            _ => return None,
+        }
+    }
+    if high.is_some() || out.is_empty() {
+        return None;
+    }
+    truncate_ident(&mut out);
+    Some(out)
+}
+
 /// Truncates `s` to [`MAX_IDENT_BYTES`] on a char boundary, as Postgres does
 /// (with a NOTICE) for over-long identifiers.
 pub fn truncate_ident(s: &mut String) {

@@ -6,7 +6,7 @@ use std::iter::Peekable;
 use std::ops::Range;
 
 use super::{Ctx, Hits, SavepointOp, StmtKind};
-use crate::sql::lex::{Lexer, Lexing, Token, TokenKind, ident_value};
+use crate::sql::lex::{Lexer, Lexing, Token, TokenKind, ident_value, unicode_ident_value};
 use crate::sql::name::TableName;
 
 /// A peekable token stream over one statement's text.
@@ -66,6 +66,30 @@ impl<'a> Cur<'a> {
             .toks
             .next_if(|t| matches!(t.kind, TokenKind::Word | TokenKind::QuotedIdent))?;
         ident_value(self.text, &t)
+    }
+
+    /// A savepoint name: an identifier, or a `U&"…"` one with its optional
+    /// `UESCAPE 'c'`. Only names that cannot hide a write are decoded this way:
+    /// table names stay unreadable in that form, so they fail closed.
+    fn savepoint_name(&mut self) -> Option<String> {
+        let text = self.text;
+        let Some(t) = self.toks.next_if(|t| t.kind == TokenKind::UnicodeIdent) else {
+            return self.ident();
+        };
+        let mut escape = '\\';
+        if self.eat_word("uescape") {
+            let e = self.toks.next_if(|t| t.kind == TokenKind::String)?;
+            let mut chars = text
+                .get(e.span.clone())?
+                .strip_prefix('\'')?
+                .strip_suffix('\'')?
+                .chars();
+            escape = match (chars.next(), chars.next()) {
+                (Some(c), None) if !c.is_ascii_hexdigit() && !matches!(c, '+' | '\'' | '"') && !c.is_whitespace() => c,
+                _ => return None,
+            };
+        }
+        unicode_ident_value(text, &t, escape)
     }
 
     /// A possibly qualified name; `None` if absent or unreadable (`U&"…"`).
@@ -141,10 +165,13 @@ impl Ctx<'_> {
         // The keyword SAVEPOINT is optional after RELEASE and TO, and is also a valid
         // savepoint name: `RELEASE savepoint` releases the one named "savepoint".
         let keyword = first != "savepoint" && c.eat_word("savepoint");
-        let name = match c.ident() {
-            Some(name) => name,
-            None if keyword && c.done() => "savepoint".to_owned(),
-            None => return StmtKind::Other,
+        let name = if keyword && c.done() {
+            "savepoint".to_owned()
+        } else {
+            match c.savepoint_name() {
+                Some(name) => name,
+                None => return StmtKind::Other,
+            }
         };
         if c.done() {
             StmtKind::Savepoint(op(name))

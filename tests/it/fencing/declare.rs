@@ -243,6 +243,13 @@ async fn rollback_to_savepoint_undoes_later_declarations() {
     // After the ROLLBACK, the epoch is the committed one again.
     assert_eq!(shown_epoch(&s).await, "2");
     s.execute(WRITE, &[]).await.unwrap();
+    // A savepoint named in U&"…" form is the same savepoint as its decoded name.
+    s.batch_execute("BEGIN; SAVEPOINT U&\"\\0075\"; SET pgfence.epoch = 1; ROLLBACK TO u")
+        .await
+        .unwrap();
+    assert_eq!(shown_epoch(&s).await, "2");
+    s.batch_execute(WRITE).await.unwrap();
+    s.batch_execute("COMMIT").await.unwrap();
 }
 
 async fn shown_epoch(s: &tokio_postgres::Client) -> String {
