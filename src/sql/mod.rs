@@ -7,8 +7,10 @@
 //! - [`classify`]: per statement, whether it may change a fenced table
 //!   (fail closed), with a bounded cache in [`Analyzer`].
 //! - [`name`]: normalised table names.
+//! - [`cache`]: the bounded, second-chance map behind both caches.
 //! - [`rewrite`]: row-level fencing, the statement rewritten to carry the epoch.
 
+pub mod cache;
 pub mod classify;
 pub mod declare;
 pub mod lex;

@@ -28,10 +28,10 @@ mod forms;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::cache::BoundedMap;
 use super::declare::{self, Declaration};
 use super::lex::{Lexer, Lexing, TokenKind, ident_value};
 use super::name::TableName;
@@ -158,13 +158,11 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
 pub struct Analyzer {
     fences: FenceSet,
     lexing: Lexing,
-    cache: HashMap<Box<str>, Arc<Analysis>>,
-    /// Bytes of cached keys, kept under [`CACHE_BYTES`].
-    cached_bytes: usize,
+    cache: BoundedMap<Arc<Analysis>>,
     lower: Vec<u8>,
 }
 
-/// At most this many texts are cached; beyond it an arbitrary one is evicted.
+/// At most this many texts are cached (see [`BoundedMap`] for which go first).
 pub const CACHE_ENTRIES: usize = 1024;
 /// Longer texts are not cached (statements this long are rare and parse in milliseconds).
 pub const CACHE_MAX_TEXT: usize = 64 * 1024;
@@ -177,8 +175,7 @@ impl Analyzer {
         Self {
             fences,
             lexing: Lexing::default(),
-            cache: HashMap::new(),
-            cached_bytes: 0,
+            cache: BoundedMap::new(CACHE_ENTRIES, CACHE_BYTES),
             lower: Vec::new(),
         }
     }
@@ -195,7 +192,6 @@ impl Analyzer {
         if self.lexing.standard_conforming_strings != on {
             self.lexing.standard_conforming_strings = on;
             self.cache.clear();
-            self.cached_bytes = 0;
         }
     }
 
@@ -207,15 +203,7 @@ impl Analyzer {
         let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
         let analysis = Arc::new(analysis);
         if parsed && sql.len() <= CACHE_MAX_TEXT {
-            while self.cache.len() >= CACHE_ENTRIES || self.cached_bytes + sql.len() > CACHE_BYTES {
-                let Some(victim) = self.cache.keys().next().cloned() else {
-                    break;
-                };
-                self.cached_bytes -= victim.len();
-                self.cache.remove(&victim);
-            }
-            self.cached_bytes += sql.len();
-            self.cache.insert(sql.into(), Arc::clone(&analysis));
+            self.cache.insert(sql, Arc::clone(&analysis));
         }
         analysis
     }

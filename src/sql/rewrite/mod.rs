@@ -24,7 +24,7 @@ mod tests;
 mod toks;
 mod verify;
 
-use std::collections::HashMap;
+use super::cache::BoundedMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -157,6 +157,8 @@ pub const CACHE_ENTRIES: usize = 1024;
 const EPOCHS_PER_TEXT: usize = 4;
 /// Longer texts are rewritten each time rather than cached.
 pub const CACHE_MAX_TEXT: usize = 16 * 1024;
+/// The keys of each of the two maps take at most this many bytes.
+const CACHE_KEY_BYTES: usize = 4 * 1024 * 1024;
 
 /// A cached outcome: the rewritten text, or why there is none.
 type Rewritten = Result<Arc<str>, Unsupported>;
@@ -175,8 +177,8 @@ type Rewritten = Result<Arc<str>, Unsupported>;
 #[derive(Debug)]
 pub struct RewriteCache {
     target: RewriteTarget,
-    map: HashMap<Box<str>, Vec<(Epoch, Rewritten)>>,
-    templates: HashMap<Box<str>, Vec<(Epoch, Shaped)>>,
+    map: BoundedMap<Vec<(Epoch, Rewritten)>>,
+    templates: BoundedMap<Vec<(Epoch, Shaped)>>,
 }
 
 /// A shape's template; `None` when the shape cannot be rewritten (each text is then
@@ -371,8 +373,8 @@ impl RewriteCache {
     pub fn new(target: RewriteTarget) -> Self {
         Self {
             target,
-            map: HashMap::new(),
-            templates: HashMap::new(),
+            map: BoundedMap::new(CACHE_ENTRIES, CACHE_KEY_BYTES),
+            templates: BoundedMap::new(CACHE_ENTRIES, CACHE_KEY_BYTES),
         }
     }
 
@@ -428,17 +430,14 @@ impl RewriteCache {
     }
 }
 
-/// Stores `value` for (`key`, `epoch`), evicting to stay within the bounds.
-fn remember<V>(map: &mut HashMap<Box<str>, Vec<(Epoch, V)>>, key: &str, epoch: Epoch, value: V) {
-    if !map.contains_key(key)
-        && map.len() >= CACHE_ENTRIES
-        && let Some(victim) = map.keys().next().cloned()
-    {
-        map.remove(&victim);
+/// Stores `value` for (`key`, `epoch`); the map evicts to stay within its bounds.
+fn remember<V>(map: &mut BoundedMap<Vec<(Epoch, V)>>, key: &str, epoch: Epoch, value: V) {
+    if let Some(slot) = map.get_mut(key) {
+        if slot.len() >= EPOCHS_PER_TEXT {
+            drop(slot.remove(0));
+        }
+        slot.push((epoch, value));
+    } else {
+        map.insert(key, vec![(epoch, value)]);
     }
-    let slot = map.entry(key.into()).or_default();
-    if slot.len() >= EPOCHS_PER_TEXT {
-        drop(slot.remove(0));
-    }
-    slot.push((epoch, value));
 }

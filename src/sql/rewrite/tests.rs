@@ -205,7 +205,12 @@ fn template_rewrites_equal_text_rewrites() {
     }
     // Every shape went through a template (the refused one is remembered as such); the
     // statements were not cached one by one.
-    assert_eq!(cache.templates.len(), SHAPES.len(), "{:?}", cache.templates.keys());
+    assert_eq!(
+        cache.templates.len(),
+        SHAPES.len(),
+        "{:?}",
+        cache.templates.keys().collect::<Vec<_>>()
+    );
     assert_eq!(cache.templates.values().filter(|v| v[0].1.is_none()).count(), 1);
     assert!(
         cache
@@ -213,7 +218,7 @@ fn template_rewrites_equal_text_rewrites() {
             .keys()
             .all(|k| k.starts_with("INSERT INTO sweep_state VALUES")),
         "{:?}",
-        cache.map.keys()
+        cache.map.keys().collect::<Vec<_>>()
     );
 }
 
