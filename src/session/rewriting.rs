@@ -140,10 +140,10 @@ impl Dispatcher {
                 // proves the database was initialised (PF005). Once per transaction: the
                 // contract checks every transaction, and the schema may be gone since.
                 let guard = (!(single && shared.guard_still_held(fence, epoch))).then(|| {
-                    let (name, lease) = self.fence_args(fence);
                     let call = if self.probe_only(fence) {
                         guard_sql::PROBE_SQL.to_owned()
                     } else {
+                        let (name, lease) = self.fence_args(fence);
                         guard_sql::guard_call(name, epoch, lease, false)
                     };
                     (Injected::Guard(fence, epoch), call)

@@ -44,9 +44,10 @@ pub enum TokenKind {
     Word,
     /// A `"quoted identifier"`, kept as written (with `""` escapes).
     QuotedIdent,
-    /// A `U&"…"` identifier: its name cannot be known without decoding the
-    /// escapes and the `UESCAPE` clause, so callers must assume it could be
-    /// any name.
+    /// A `U&"…"` identifier: its name depends on its escapes and on a
+    /// `UESCAPE` clause after it. Where a name decides what a statement may
+    /// write, callers assume it could be any name; [`unicode_ident_value`]
+    /// decodes it where a mistake could not hide a write (savepoint names).
     UnicodeIdent,
     /// A plain `'…'` string, or `B'…'`, `X'…'`, `N'…'`.
     String,

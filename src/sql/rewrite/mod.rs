@@ -24,11 +24,11 @@ mod tests;
 mod toks;
 mod verify;
 
-use super::cache::BoundedMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::fence::epoch::Epoch;
+use crate::sql::cache::BoundedMap;
 use crate::sql::lex::{Lexer, Lexing, TokenKind};
 use crate::sql::name::TableName;
 
