@@ -407,8 +407,9 @@ impl Shared {
             self.own.clear();
         }
         // Also at the Bind of our own prepared guard: when the schema was dropped after it was
-        // prepared, re-planning it there is what fails.
-        let missing_schema = matches!(code, Some(b"3F000" | b"42883"));
+        // prepared, re-planning it there is what fails. 42P01 comes from the schema probe
+        // (`fence::call::PROBE_SQL`) when the schema is there but its table is not.
+        let missing_schema = matches!(code, Some(b"3F000" | b"42883" | b"42P01"));
         if missing_schema {
             let mut out = BytesMut::new();
             codec::error_response(
