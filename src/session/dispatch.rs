@@ -78,7 +78,10 @@ impl Dispatcher {
         // A simple Query destroys the unnamed prepared statement.
         self.rw_statements.remove("");
         let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
-        if analysis.statements.iter().all(|s| matches!(s.kind, StmtKind::Other)) {
+        if analysis.is_plain() {
+            for stmt in &analysis.statements {
+                self.speculate_end(&stmt.kind);
+            }
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
                 done: 0,
@@ -127,6 +130,7 @@ impl Dispatcher {
                     }
                 }
             }
+            self.speculate_end(&stmt.kind);
             if let StmtKind::Savepoint(op) = &stmt.kind {
                 let effect = Effect::Savepoint(op.clone());
                 self.speculate(&effect);
@@ -250,6 +254,7 @@ impl Dispatcher {
             if let Some(decision) = self.decide(need) {
                 self.inject_extended(shared, decision, out);
             }
+            self.speculate_end(&stmt.kind);
         }
         shared.pending.push_back(Unit::Execute(None, effect));
     }
@@ -383,6 +388,15 @@ impl Dispatcher {
 
     fn speculate(&mut self, effect: &Effect) {
         effect.clone().apply_to(&mut self.speculative);
+    }
+
+    /// A statement that ends the transaction, for the later statements of the same string
+    /// or pipeline: its settings changes commit or roll back with it, as it says (Postgres'
+    /// answer settles it once nothing is in flight, see `resync`).
+    fn speculate_end(&mut self, kind: &StmtKind) {
+        if let StmtKind::EndTransaction { commit } = kind {
+            self.speculative.end_transaction(*commit);
+        }
     }
 
     pub(super) fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {

@@ -173,8 +173,6 @@ pub struct Shared {
     skipping: bool,
     /// An error happened in the open transaction.
     tx_error: bool,
-    /// Last transaction-ending command tag in the open transaction: true = COMMIT.
-    tx_end: Option<bool>,
 }
 
 impl Shared {
@@ -317,7 +315,8 @@ impl Shared {
         }
         if tag == b'C' {
             let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();
-            self.on_command_tag(command);
+            let to_savepoint = matches!(effect, Some(Effect::Savepoint(SavepointOp::RollbackTo(_))));
+            self.on_command_tag(command, to_savepoint);
             if let Some(effect) = effect {
                 self.apply(effect);
             }
@@ -329,14 +328,17 @@ impl Shared {
         }
     }
 
-    fn on_command_tag(&mut self, command: &[u8]) {
+    /// A command completed. The tags of COMMIT (also END and `AND CHAIN`), PREPARE
+    /// TRANSACTION and ROLLBACK say the transaction ended, and how, even when the next one
+    /// starts before any ReadyForQuery (`COMMIT AND CHAIN`, `COMMIT; BEGIN` in one string):
+    /// the guard that passed in it no longer holds anything. A COMMIT of a failed
+    /// transaction answers ROLLBACK. `to_savepoint`: the command was ROLLBACK TO SAVEPOINT,
+    /// whose tag is also ROLLBACK; it releases the guard's locks taken after the savepoint.
+    fn on_command_tag(&mut self, command: &[u8], to_savepoint: bool) {
         match command {
-            b"COMMIT" | b"PREPARE TRANSACTION" => self.tx_end = Some(true),
-            b"ROLLBACK" => {
-                // Also ROLLBACK TO SAVEPOINT, which releases the guard's locks taken after it.
-                self.tx_end = Some(false);
-                self.guarded = None;
-            }
+            b"COMMIT" | b"PREPARE TRANSACTION" => self.end_transaction(true),
+            b"ROLLBACK" if to_savepoint => self.guarded = None,
+            b"ROLLBACK" => self.end_transaction(false),
             b"DISCARD ALL" => {
                 self.own.clear();
                 self.apply(Effect::ResetAll);
@@ -350,18 +352,21 @@ impl Shared {
         effect.apply_to(&mut self.declared);
     }
 
-    /// ReadyForQuery: the batch is over; if no transaction is open any more,
-    /// settings changes commit or roll back with it.
+    /// The open transaction ended: its settings changes commit or roll back with it.
+    fn end_transaction(&mut self, committed: bool) {
+        self.declared.end_transaction(committed);
+        self.guarded = None;
+        self.tx_error = false;
+    }
+
+    /// ReadyForQuery: the batch is over. Idle means no transaction is open any more; one
+    /// without a command tag (an implicit transaction) committed unless it failed.
     fn on_ready(&mut self, body: Option<&[u8]>) {
         self.answered += 1;
         let status = body.and_then(|b| b.first().copied()).unwrap_or(b'I');
         self.tx_status = status;
         if status == b'I' {
-            let committed = self.tx_end.unwrap_or(!self.tx_error);
-            self.declared.end_transaction(committed);
-            self.guarded = None;
-            self.tx_error = false;
-            self.tx_end = None;
+            self.end_transaction(!self.tx_error);
             let answered = self.answered;
             self.portals.retain(|_, (_, batch)| *batch >= answered);
         }

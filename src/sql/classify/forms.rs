@@ -125,7 +125,7 @@ impl Ctx<'_> {
         let mut c = Cur::new(self.text(&span), self.lexing);
         c.toks.next();
         if c.peek_is_word("transaction") {
-            return StmtKind::Other;
+            return StmtKind::EndTransaction { commit: true };
         }
         let Some(name) = c.ident() else {
             return self.unanalysable_if_named(&span);
@@ -145,9 +145,23 @@ impl Ctx<'_> {
         }
     }
 
+    /// `COMMIT`, `END` and `ABORT` (`[WORK | TRANSACTION] [AND [NO] CHAIN]`); `COMMIT
+    /// PREPARED` ends no transaction of this session (it cannot run inside one).
+    pub(super) fn end_transaction(&self, span: &Range<usize>, first: &str) -> StmtKind {
+        let mut c = Cur::new(self.text(span), self.lexing);
+        c.toks.next();
+        if c.peek_is_word("prepared") {
+            return StmtKind::Other;
+        }
+        StmtKind::EndTransaction {
+            commit: first != "abort",
+        }
+    }
+
     /// `SAVEPOINT name`, `RELEASE [SAVEPOINT] name` and
-    /// `ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name`; a plain ROLLBACK (or
-    /// anything unreadable) is `Other`, which Postgres' command tags cover.
+    /// `ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name`. Any other ROLLBACK ends the
+    /// transaction (`ROLLBACK PREPARED` ends none of this session's); anything
+    /// unreadable is `Other`, which Postgres' command tags cover.
     pub(super) fn savepoint(&self, span: &Range<usize>, first: &str) -> StmtKind {
         let mut c = Cur::new(self.text(span), self.lexing);
         c.toks.next();
@@ -155,9 +169,12 @@ impl Ctx<'_> {
             "savepoint" => SavepointOp::Define,
             "release" => SavepointOp::Release,
             _ => {
+                if c.peek_is_word("prepared") {
+                    return StmtKind::Other;
+                }
                 let _ = c.eat_word("work") || c.eat_word("transaction");
                 if !c.eat_word("to") {
-                    return StmtKind::Other;
+                    return StmtKind::EndTransaction { commit: false };
                 }
                 SavepointOp::RollbackTo
             }

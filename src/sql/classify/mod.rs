@@ -48,10 +48,12 @@ pub struct Analysis {
 }
 
 impl Analysis {
-    /// Whether every statement is [`StmtKind::Other`], so the Query can be
-    /// forwarded untouched.
+    /// Whether every statement is [`StmtKind::Other`] or ends a transaction, so the
+    /// Query can be forwarded untouched.
     pub fn is_plain(&self) -> bool {
-        self.statements.iter().all(|s| s.kind == StmtKind::Other)
+        self.statements
+            .iter()
+            .all(|s| matches!(s.kind, StmtKind::Other | StmtKind::EndTransaction { .. }))
     }
 }
 
@@ -107,6 +109,13 @@ pub enum StmtKind {
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` a savepoint: a rollback to one
     /// undoes the declarations made after it, as in Postgres.
     Savepoint(SavepointOp),
+    /// Ends the open transaction: `COMMIT`, `END`, `PREPARE TRANSACTION` (`commit`), or
+    /// `ROLLBACK`, `ABORT` (not `commit`), each also `AND [NO] CHAIN`. Postgres' command
+    /// tag says how it really ended (a COMMIT of a failed transaction rolls back).
+    EndTransaction {
+        /// Whether it commits, if it succeeds.
+        commit: bool,
+    },
 }
 
 /// What a savepoint command does; the name is normalised as an identifier.
@@ -285,6 +294,7 @@ impl<'a> Ctx<'a> {
             "copy" => self.copy(span, depth),
             "do" | "call" => self.routine_call(&span),
             "savepoint" | "release" | "rollback" => self.savepoint(&span, first),
+            "commit" | "end" | "abort" => self.end_transaction(&span, first),
             _ if NEVER_WRITE.contains(&first) => StmtKind::Other,
             _ => self.general(span, first),
         }

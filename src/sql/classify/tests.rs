@@ -33,6 +33,8 @@ fn render(k: &StmtKind) -> String {
         StmtKind::Deallocate { name: Some(n) } => format!("deallocate {n}"),
         StmtKind::Deallocate { name: None } => "deallocate all".into(),
         StmtKind::Savepoint(op) => format!("{op:?}"),
+        StmtKind::EndTransaction { commit: true } => "end:commit".into(),
+        StmtKind::EndTransaction { commit: false } => "end:rollback".into(),
     }
 }
 
@@ -207,7 +209,7 @@ const ROWS: &[(&str, &str)] = &[
     ),
     ("PREPARE q AS SELECT * FROM invoices", "prepare q:other"),
     ("PREPARE \"Q\" AS SELECT 1", "prepare Q:other"),
-    ("PREPARE TRANSACTION 'x'", "other"),
+    ("PREPARE TRANSACTION 'x'", "end:commit"),
     ("EXECUTE p", "execute p"),
     ("EXECUTE P(1, 'a')", "execute p"),
     ("DEALLOCATE p", "deallocate p"),
@@ -235,7 +237,7 @@ const ROWS: &[(&str, &str)] = &[
     ("RESET ALL", "declare"),
     ("DISCARD ALL", "declare"),
     ("SHOW pgfence.epoch", "other"),
-    // Savepoints: names normalised as identifiers; plain ROLLBACK is left to the command tags.
+    // Savepoints: names normalised as identifiers.
     ("SAVEPOINT s1", "Define(\"s1\")"),
     ("savepoint \"_pg3_1\"", "Define(\"_pg3_1\")"),
     ("RELEASE SAVEPOINT S1", "Release(\"s1\")"),
@@ -257,9 +259,17 @@ const ROWS: &[(&str, &str)] = &[
     ("SAVEPOINT U&\"x\\12\"", "other"),
     ("SAVEPOINT U&\"x\" UESCAPE 'a'", "other"),
     ("SAVEPOINT U&\"\"", "other"),
-    ("ROLLBACK", "other"),
-    ("ROLLBACK AND NO CHAIN", "other"),
+    // Transaction ends: what they do to declarations is known before the command tag.
+    ("ROLLBACK", "end:rollback"),
+    ("ROLLBACK AND NO CHAIN", "end:rollback"),
+    ("rollback work and chain", "end:rollback"),
+    ("ABORT TRANSACTION", "end:rollback"),
     ("ROLLBACK PREPARED 'gid'", "other"),
+    ("COMMIT", "end:commit"),
+    ("commit and chain", "end:commit"),
+    ("END WORK", "end:commit"),
+    ("PREPARE TRANSACTION 'gid'", "end:commit"),
+    ("COMMIT PREPARED 'gid'", "other"),
     ("SAVEPOINT", "other"),
     ("VACUUM ANALYZE invoices", "other"),
     ("ANALYZE invoices", "other"),
@@ -270,7 +280,7 @@ const ROWS: &[(&str, &str)] = &[
     // Multi-statement strings and hostile splitting.
     (
         "BEGIN; INSERT INTO invoices VALUES (1); SELECT 1; COMMIT",
-        "other | write:invoices | other | other",
+        "other | write:invoices | other | end:commit",
     ),
     ("SELECT 1; DELETE FROM invoices -- ; x", "other | write:invoices"),
     ("SELECT 'ü;'; DELETE FROM invoices", "other | write:invoices"),

@@ -8,6 +8,7 @@ mod durability;
 mod locking;
 mod model;
 mod short_path;
+mod tx_ends;
 mod writes;
 
 use pgfence::config::RawConfig;

@@ -1,0 +1,145 @@
+//! A transaction that ends without the session going idle: `COMMIT AND CHAIN`, `ROLLBACK
+//! AND CHAIN`, `COMMIT; BEGIN` in one string. The next transaction is checked again (a
+//! guard passed in the one before holds nothing any more), and declarations end with their
+//! transaction as Postgres ends them. Each safety test has its control: the same steps
+//! straight to Postgres let the stale write land.
+
+use super::{Fixture, code};
+use tokio_postgres::Client;
+
+const WRITE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+
+/// The lease moves on, committed, while `s` sits in a transaction that passed its guard.
+async fn takeover_while_open(f: &Fixture) -> i64 {
+    f.takeover("b").await
+}
+
+async fn shown_epoch(s: &Client) -> String {
+    s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn the_transaction_after_commit_and_chain_is_checked_again() {
+    for (how, extended) in [("simple", false), ("extended", true)] {
+        let f = Fixture::new().await;
+        let e = f.takeover("a").await;
+        let s = f.leader(e).await;
+        s.batch_execute("BEGIN").await.unwrap();
+        s.batch_execute("UPDATE sweep_state SET note = 'a' WHERE id = 1")
+            .await
+            .unwrap();
+        s.batch_execute("COMMIT AND CHAIN").await.unwrap();
+        assert_eq!(f.note().await.0, "a", "{how}: the first transaction committed");
+        takeover_while_open(&f).await;
+        let r = match extended {
+            true => s.execute(WRITE, &[]).await.map(|_| ()),
+            false => s.batch_execute(WRITE).await,
+        };
+        assert_eq!(code(&r), "PF001", "{how}");
+        s.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(f.note().await.0, "a", "{how}: the stale write did not land");
+    }
+}
+
+#[tokio::test]
+async fn the_transaction_after_commit_begin_in_one_string_is_checked_again() {
+    for end in ["COMMIT; BEGIN", "END; START TRANSACTION", "ROLLBACK AND CHAIN"] {
+        let f = Fixture::new().await;
+        let e = f.takeover("a").await;
+        let s = f.leader(e).await;
+        s.batch_execute("BEGIN; UPDATE sweep_state SET note = 'a' WHERE id = 1")
+            .await
+            .unwrap();
+        s.batch_execute(end).await.unwrap();
+        takeover_while_open(&f).await;
+        assert_eq!(code(&s.batch_execute(WRITE).await), "PF001", "{end}");
+        s.batch_execute("ROLLBACK").await.unwrap();
+        assert_ne!(f.note().await.0, "stale", "{end}");
+    }
+}
+
+/// The control: the same steps straight to Postgres, with the fence's tables unguarded,
+/// commit the stale write after the takeover.
+#[tokio::test]
+async fn control_the_chained_stale_write_lands_without_pgfence() {
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    let s = f.direct().await;
+    s.batch_execute("BEGIN").await.unwrap();
+    s.batch_execute("UPDATE sweep_state SET note = 'a' WHERE id = 1")
+        .await
+        .unwrap();
+    s.batch_execute("COMMIT AND CHAIN").await.unwrap();
+    takeover_while_open(&f).await;
+    s.batch_execute(WRITE).await.unwrap();
+    s.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(f.note().await.0, "stale");
+}
+
+#[tokio::test]
+async fn declarations_end_with_a_chained_transaction() {
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    let two = f.takeover("b").await;
+    let s = f.leader(two).await;
+    // SET LOCAL ends with the transaction, though another begins at once.
+    s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 1").await.unwrap();
+    s.batch_execute("COMMIT AND CHAIN").await.unwrap();
+    assert_eq!(shown_epoch(&s).await, two.to_string());
+    assert_eq!(code(&s.batch_execute(WRITE).await), "ok");
+    s.batch_execute("COMMIT").await.unwrap();
+    // A session SET in a transaction that rolls back is undone, chained or not.
+    for end in ["ROLLBACK AND CHAIN", "ROLLBACK; BEGIN"] {
+        s.batch_execute("BEGIN; SET pgfence.epoch = 1").await.unwrap();
+        s.batch_execute(end).await.unwrap();
+        assert_eq!(shown_epoch(&s).await, two.to_string(), "{end}");
+        assert_eq!(code(&s.execute(WRITE, &[]).await), "ok", "{end}");
+        s.batch_execute("COMMIT").await.unwrap();
+    }
+    // And one that commits is kept.
+    s.batch_execute("BEGIN; SET pgfence.epoch = 1").await.unwrap();
+    s.batch_execute("COMMIT AND CHAIN").await.unwrap();
+    assert_eq!(shown_epoch(&s).await, "1");
+    assert_eq!(code(&s.batch_execute(WRITE).await), "PF001");
+    s.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// Within one string, a later write is decided with the epoch Postgres will have after
+/// the transaction end before it, not with one that ended with that transaction.
+#[tokio::test]
+async fn a_write_after_a_transaction_end_in_the_same_string_uses_the_epoch_left() {
+    let f = Fixture::new().await;
+    let one = f.takeover("a").await;
+    let two = f.takeover("b").await;
+    let s = f.leader(one).await;
+    for (sql, how) in [
+        (
+            format!("BEGIN; SET pgfence.epoch = {two}; ROLLBACK; {WRITE}"),
+            "rolled back",
+        ),
+        (
+            format!("BEGIN; SET LOCAL pgfence.epoch = {two}; COMMIT; {WRITE}"),
+            "local",
+        ),
+        (
+            format!("BEGIN; SET LOCAL pgfence.epoch = {two}; COMMIT AND CHAIN; {WRITE}; COMMIT"),
+            "local, chained",
+        ),
+    ] {
+        assert_eq!(code(&s.batch_execute(&sql).await), "PF001", "{how}");
+        // (The chained transaction is left aborted.)
+        s.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(shown_epoch(&s).await, one.to_string(), "{how}");
+    }
+    // The epoch that stays is used.
+    let sql = format!("BEGIN; SET pgfence.epoch = {two}; COMMIT; {WRITE}");
+    s.batch_execute(&sql).await.unwrap();
+    assert_eq!(f.note().await, ("stale".to_owned(), 0));
+    // Control: straight to Postgres the first string's write lands at once.
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    f.takeover("b").await;
+    let sql = format!("BEGIN; SET pgfence.epoch = {two}; ROLLBACK; {WRITE}");
+    f.direct().await.batch_execute(&sql).await.unwrap();
+    assert_eq!(f.note().await.0, "stale");
+}
