@@ -13,7 +13,7 @@
 //! RESET pgfence.{epoch|fence}     RESET ALL     DISCARD ALL
 //! ```
 
-use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value};
+use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value, unicode_ident_value};
 
 /// Which pgfence setting a declaration is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,23 +125,50 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
     }
 }
 
-/// Reads `pgfence.epoch` / `"pgfence"."fence"` at `toks[at..]`; returns the
-/// setting and the index after the name. `None` if it is another setting.
+/// Reads the setting name at `toks[at..]`; returns the setting and the index after the
+/// name. `None` if it is another setting. As in Postgres, the name is its identifiers
+/// joined with dots, each folded to lower case unless quoted, and matched without regard
+/// to case: `pgfence.epoch`, `"pgfence"."epoch"`, `"pgfence.epoch"` and `PgFence."EPOCH"`
+/// all name the same setting, `pgfence.epoch.x` another one.
 fn setting_name(stmt: &str, toks: &[Token], at: usize) -> Option<(Setting, usize)> {
-    let schema = ident_value(stmt, toks.get(at)?)?;
-    if schema != "pgfence" || !toks.get(at + 1)?.is_punct(b'.') {
-        return None;
+    let (mut name, mut next) = name_part(stmt, toks, at)?;
+    while toks.get(next).is_some_and(|t| t.is_punct(b'.')) {
+        let (part, after) = name_part(stmt, toks, next + 1)?;
+        name.push('.');
+        name.push_str(&part);
+        next = after;
     }
-    let setting = match ident_value(stmt, toks.get(at + 2)?)?.as_str() {
-        "epoch" => Setting::Epoch,
-        "fence" => Setting::Fence,
+    let setting = if name.eq_ignore_ascii_case("pgfence.epoch") {
+        Setting::Epoch
+    } else if name.eq_ignore_ascii_case("pgfence.fence") {
+        Setting::Fence
+    } else {
+        return None;
+    };
+    Some((setting, next))
+}
+
+/// One identifier of a setting name at `toks[i]`, also `U&"…"` with its optional
+/// `UESCAPE 'c'`; returns it and the index after it.
+fn name_part(stmt: &str, toks: &[Token], i: usize) -> Option<(String, usize)> {
+    let t = toks.get(i)?;
+    if t.kind != TokenKind::UnicodeIdent {
+        return Some((ident_value(stmt, t)?, i + 1));
+    }
+    if !toks.get(i + 1).is_some_and(|u| u.is_word(stmt, "uescape")) {
+        return Some((unicode_ident_value(stmt, t, '\\')?, i + 1));
+    }
+    let e = toks.get(i + 2).filter(|e| e.kind == TokenKind::String)?;
+    let mut chars = stmt
+        .get(e.span.clone())?
+        .strip_prefix('\'')?
+        .strip_suffix('\'')?
+        .chars();
+    let escape = match (chars.next(), chars.next()) {
+        (Some(c), None) if !c.is_ascii_hexdigit() && !matches!(c, '+' | '\'' | '"') && !c.is_whitespace() => c,
         _ => return None,
     };
-    // `pgfence.epoch.x` is a different (valid) setting name.
-    if toks.get(at + 3).is_some_and(|t| t.is_punct(b'.')) {
-        return None;
-    }
-    Some((setting, at + 3))
+    Some((unicode_ident_value(stmt, t, escape)?, i + 3))
 }
 
 /// Reads the value tokens: exactly one value, optionally signed if numeric.
@@ -248,7 +275,18 @@ mod tests {
             ("SET search_path = public", None),
             ("SET pgfence.epoch.x = 1", None),
             ("SET pgfence.epochs = 1", None),
-            ("SET \"PGFENCE\".epoch = 1", None),
+            // Names match without regard to case, as Postgres matches them, quoted or not.
+            ("SET \"PGFENCE\".epoch = 1", set(Epoch, Session, Some("1"))),
+            ("SET \"pgfence.epoch\" = 4", set(Epoch, Session, Some("4"))),
+            ("SET LOCAL pgfence.\"EPOCH\" = 3", set(Epoch, Local, Some("3"))),
+            ("RESET \"pgfence.fence\"", set(Fence, Session, None)),
+            ("SET U&\"pgfence.\\0065poch\" = 4", set(Epoch, Session, Some("4"))),
+            (
+                "SET U&\"pgfence.!0065poch\" UESCAPE '!' = 4",
+                set(Epoch, Session, Some("4")),
+            ),
+            ("SET \"pgfence.epoch\".x = 1", None),
+            ("SET \"pgfence . epoch\" = 1", None),
             ("SET SESSION AUTHORIZATION bob", None),
             ("SET TIME ZONE 'UTC'", None),
             ("SHOW pgfence.epoch", None),

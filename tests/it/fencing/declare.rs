@@ -73,6 +73,9 @@ async fn set_declaration_matrix() {
         "SET pgfence.epoch = {}",
         "SET SESSION pgfence.epoch TO {}",
         "set PGFENCE.EPOCH to '{}'",
+        // Postgres joins a quoted name's parts and matches them without regard to case.
+        "SET \"pgfence.epoch\" = {}",
+        "SET \"PGFENCE\".\"Epoch\" TO {}",
     ] {
         for (epoch, expect) in [("1", "PF001"), ("2", "ok"), ("05", "PF003"), ("+2", "ok")] {
             let s = f.session("").await;
