@@ -102,12 +102,7 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
             hint: String::new(),
         });
     };
-    let Some(epoch) = declared.epoch else {
-        return no_epoch(
-            format!("pgfence: write to fence \"{}\" without an epoch", name(first)),
-            "Declare the lease epoch: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
-        );
-    };
+    // Without a fence for the session, that is what to fix first, epoch or not.
     let Some(session_fence) = session_fence else {
         let detail = match declared.fence_name {
             Some(n) => format!("the session's pgfence.fence \"{n}\" is not a configured fence here"),
@@ -118,7 +113,14 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
                 "pgfence: write to fence \"{}\" without an epoch for it: {detail}",
                 name(first)
             ),
-            "Set pgfence.fence to the fence's name together with pgfence.epoch.",
+            "Name the fence together with its epoch: SET pgfence.fence = '<fence>'; SET pgfence.epoch = <epoch> \
+             (or both in the connection options).",
+        );
+    };
+    let Some(epoch) = declared.epoch else {
+        return no_epoch(
+            format!("pgfence: write to fence \"{}\" without an epoch", name(first)),
+            "Declare the lease epoch: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
         );
     };
     if let Some(&other) = fences.iter().find(|&&f| f != session_fence) {

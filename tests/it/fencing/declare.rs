@@ -183,15 +183,15 @@ async fn several_fences_need_pgfence_fence() {
     let f = Fixture::with(cluster, &toml).await;
     let e = f.takeover("a").await;
     let s = f.leader(e).await;
-    let r = s.execute(WRITE, &[]).await;
-    assert_eq!(code(&r), "PF002");
-    assert!(
-        r.unwrap_err()
-            .as_db_error()
-            .unwrap()
-            .message()
-            .contains("pgfence.fence")
-    );
+    // With no fence named, the message says to name one, whether or not an epoch is there.
+    for s in [s, f.session("").await] {
+        let r = s.execute(WRITE, &[]).await;
+        assert_eq!(code(&r), "PF002");
+        let e = r.unwrap_err();
+        let e = e.as_db_error().unwrap();
+        assert!(e.message().contains("pgfence.fence"), "{e:?}");
+        assert!(e.hint().unwrap_or_default().contains("SET pgfence.fence"), "{e:?}");
+    }
     let s = f
         .session(&format!("-c pgfence.epoch={e} -c pgfence.fence=sweeper"))
         .await;
