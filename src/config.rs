@@ -132,12 +132,12 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {cause}")]
     Read {
         /// Path.
         path: String,
-        /// Cause.
-        source: std::io::Error,
+        /// Cause (in the message, so not also chained as the source).
+        cause: std::io::Error,
     },
     /// TOML syntax or an unknown key.
     #[error("{path}: {message}")]
@@ -156,9 +156,9 @@ impl RawConfig {
     /// Reads and parses a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: display.clone(),
-            source,
+            cause,
         })?;
         Self::from_toml(&text).map_err(|e| match e {
             ConfigError::Syntax { message, .. } => ConfigError::Syntax { path: display, message },

@@ -52,6 +52,8 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
     }
     let (ok, text) = pgfence(&["check-config", "--config", "/nonexistent/pgfence.toml"]);
     assert!(!ok && text.contains("cannot read"), "{text}");
+    // The cause is said once.
+    assert_eq!(text.matches("No such file or directory").count(), 1, "{text}");
 }
 
 #[tokio::test]
