@@ -18,6 +18,7 @@ use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::protocol::codec;
+use crate::sql::Declaration;
 use crate::sql::FenceId;
 use crate::sql::classify::StmtKind;
 
@@ -45,6 +46,9 @@ pub struct Dispatcher {
     sql_prepared: HashMap<String, (bool, Vec<FenceId>)>,
     /// Syncs and Queries sent so far (batch numbers).
     sent: u64,
+    /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
+    /// so far is answered. Until then pgfence's prepared statements may be gone.
+    dealloc_until: u64,
 }
 
 impl Dispatcher {
@@ -58,6 +62,7 @@ impl Dispatcher {
             rw_portals: HashMap::new(),
             scs: true,
             sent: 0,
+            dealloc_until: 0,
         }
     }
 
@@ -130,6 +135,9 @@ impl Dispatcher {
                     }
                 }
             }
+            if let Some(effect) = self.note_deallocate(&stmt.kind, self.sent) {
+                part.effect = Some(effect);
+            }
             self.speculate_end(&stmt.kind);
             if let StmtKind::Savepoint(op) = &stmt.kind {
                 let effect = Effect::Savepoint(op.clone());
@@ -170,6 +178,26 @@ impl Dispatcher {
         }
         text.push_str(&sql[copied..]);
         Some(text)
+    }
+
+    /// A client statement that may drop pgfence's prepared statements, answered when
+    /// [`Shared::answered`] reaches `answered_at`: until then they may or may not be gone.
+    /// `DEALLOCATE ALL` and `DISCARD ALL` forget them when their command tag arrives (see
+    /// [`Shared`]); a `DEALLOCATE` of one of pgfence's names forgets that one when it
+    /// completes (the effect returned), and leaves it if it fails.
+    fn note_deallocate(&mut self, kind: &StmtKind, answered_at: u64) -> Option<Effect> {
+        match kind {
+            StmtKind::Deallocate { name: None } | StmtKind::Declare(Declaration::DiscardAll) => {
+                self.dealloc_until = answered_at;
+                None
+            }
+            StmtKind::Deallocate { name: Some(name) } => {
+                let own = OwnStatement::named(name)?;
+                self.dealloc_until = answered_at;
+                Some(Effect::Deallocate(own))
+            }
+            _ => None,
+        }
     }
 
     /// Guard or rejection call for one fenced statement in a simple Query.
@@ -254,6 +282,10 @@ impl Dispatcher {
             if let Some(decision) = self.decide(need) {
                 self.inject_extended(shared, decision, out);
             }
+            // Answered with the Sync that ends this batch.
+            if let Some(e) = self.note_deallocate(&stmt.kind, self.sent + 1) {
+                effect = Some(e);
+            }
             self.speculate_end(&stmt.kind);
         }
         shared.pending.push_back(Unit::Execute(None, effect));
@@ -269,6 +301,9 @@ impl Dispatcher {
         self.close_rewrite(kind, name);
         if kind == b'S' {
             shared.statements.remove(name);
+            if let Some(own) = OwnStatement::named(name) {
+                shared.own.insert(own, Prepared::Unknown);
+            }
         } else {
             shared.portals.remove(name);
         }
@@ -309,15 +344,18 @@ impl Dispatcher {
         };
         let name = own.name();
         let prepared = shared.own.get(&own).copied().unwrap_or_default();
-        let usable = prepared == Prepared::Yes || prepared == Prepared::InFlight(self.sent);
+        // A DEALLOCATE or DISCARD ALL in flight may or may not drop the statement.
+        let dropped = shared.answered < self.dealloc_until;
+        let usable = !dropped && (prepared == Prepared::Yes || prepared == Prepared::InFlight(self.sent));
         if !usable {
             let (sql, types) = match own {
                 OwnStatement::Guard => (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec()),
                 OwnStatement::Reject => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
                 OwnStatement::Probe => (guard_sql::PROBE_SQL, Vec::new()),
             };
-            if matches!(prepared, Prepared::InFlight(_)) {
-                // A Parse from an earlier batch may or may not have landed: close it first.
+            if prepared != Prepared::No {
+                // It may be there or not (a Parse from an earlier batch, a DEALLOCATE in
+                // flight, a name found taken): close it first, which is no error either way.
                 codec::close_statement(out, name);
                 shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
             }

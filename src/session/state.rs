@@ -52,6 +52,13 @@ pub enum OwnStatement {
 }
 
 impl OwnStatement {
+    const ALL: [OwnStatement; 3] = [OwnStatement::Guard, OwnStatement::Reject, OwnStatement::Probe];
+
+    /// The statement a client names, when it is one of pgfence's.
+    pub fn named(name: &str) -> Option<OwnStatement> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     /// The statement name used upstream.
     pub fn name(self) -> &'static str {
         match self {
@@ -72,6 +79,9 @@ pub enum Prepared {
     InFlight(u64),
     /// Prepared.
     Yes,
+    /// May or may not be there: the client closed that name, or preparing it found
+    /// the name taken. A Close before the next Parse settles it.
+    Unknown,
 }
 
 /// A settings change to apply when Postgres confirms the statement.
@@ -85,6 +95,8 @@ pub enum Effect {
     ResetAll,
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` a savepoint.
     Savepoint(SavepointOp),
+    /// `DEALLOCATE` of one of pgfence's statements (no declaration changes).
+    Deallocate(OwnStatement),
 }
 
 impl Effect {
@@ -95,6 +107,7 @@ impl Effect {
             Effect::Fence(scope, v) => declared.fence.set(scope, v),
             Effect::ResetAll => declared.reset_all(),
             Effect::Savepoint(op) => declared.savepoint(&op),
+            Effect::Deallocate(_) => {}
         }
     }
 }
@@ -143,6 +156,11 @@ pub enum Verdict {
     Swallow,
     /// Send this instead.
     Replace(BytesMut),
+}
+
+/// Whether an error is 42P05: a statement of that name already exists.
+fn name_taken(body: Option<&[u8]>) -> bool {
+    body.and_then(frame::error_code) == Some(b"42P05".as_slice())
 }
 
 /// State shared by both directions of one session. Never held across an await.
@@ -349,6 +367,9 @@ impl Shared {
     }
 
     fn apply(&mut self, effect: Effect) {
+        if let Effect::Deallocate(s) = effect {
+            self.own.insert(s, Prepared::No);
+        }
         effect.apply_to(&mut self.declared);
     }
 
@@ -375,7 +396,12 @@ impl Shared {
     /// An ErrorResponse to an extended-protocol unit: Postgres now skips to Sync.
     fn extended_error(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
         if let Some(Unit::Parse(Some(Injected::Prepare(s)))) = self.pending.front() {
-            self.own.insert(*s, Prepared::No);
+            let state = if name_taken(body) {
+                Prepared::Unknown
+            } else {
+                Prepared::No
+            };
+            self.own.insert(*s, state);
         }
         self.pending.pop_front();
         self.tx_error = true;

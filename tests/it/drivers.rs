@@ -374,50 +374,13 @@ async fn backend_key_data_carries_the_upstream_pid_and_a_private_secret() {
 /// installable here: Maven Central does not resolve).
 mod jdbc_shape {
     use crate::common::raw::message;
-
-    pub fn parse(name: &str, sql: &str) -> Vec<u8> {
-        let mut b = Vec::new();
-        for s in [name, sql] {
-            b.extend(s.as_bytes());
-            b.push(0);
-        }
-        b.extend(0u16.to_be_bytes());
-        message(b'P', &b)
-    }
-
-    /// Bind with text parameters and text results.
-    pub fn bind(portal: &str, statement: &str, params: &[&str]) -> Vec<u8> {
-        let mut b = Vec::new();
-        for s in [portal, statement] {
-            b.extend(s.as_bytes());
-            b.push(0);
-        }
-        b.extend(0u16.to_be_bytes());
-        b.extend((params.len() as u16).to_be_bytes());
-        for p in params {
-            b.extend((p.len() as i32).to_be_bytes());
-            b.extend(p.as_bytes());
-        }
-        b.extend(0u16.to_be_bytes());
-        message(b'B', &b)
-    }
+    pub use crate::common::raw::{bind, execute, parse, sync};
 
     pub fn describe_portal(portal: &str) -> Vec<u8> {
         let mut b = vec![b'P'];
         b.extend(portal.as_bytes());
         b.push(0);
         message(b'D', &b)
-    }
-
-    pub fn execute(portal: &str) -> Vec<u8> {
-        let mut b = portal.as_bytes().to_vec();
-        b.push(0);
-        b.extend(0i32.to_be_bytes());
-        message(b'E', &b)
-    }
-
-    pub fn sync() -> Vec<u8> {
-        message(b'S', b"")
     }
 
     /// pgjdbc with autocommit off: the first statement of a transaction is sent together with a

@@ -78,6 +78,55 @@ pub fn query(sql: &str) -> Vec<u8> {
     message(b'Q', &body)
 }
 
+/// Parse of `sql` as statement `name`, no parameter types.
+pub fn parse(name: &str, sql: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    for s in [name, sql] {
+        b.extend(s.as_bytes());
+        b.push(0);
+    }
+    b.extend(0u16.to_be_bytes());
+    message(b'P', &b)
+}
+
+/// Bind with text parameters and text results.
+pub fn bind(portal: &str, statement: &str, params: &[&str]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for s in [portal, statement] {
+        b.extend(s.as_bytes());
+        b.push(0);
+    }
+    b.extend(0u16.to_be_bytes());
+    b.extend((params.len() as u16).to_be_bytes());
+    for p in params {
+        b.extend((p.len() as i32).to_be_bytes());
+        b.extend(p.as_bytes());
+    }
+    b.extend(0u16.to_be_bytes());
+    message(b'B', &b)
+}
+
+/// Execute of `portal`, all rows.
+pub fn execute(portal: &str) -> Vec<u8> {
+    let mut b = portal.as_bytes().to_vec();
+    b.push(0);
+    b.extend(0i32.to_be_bytes());
+    message(b'E', &b)
+}
+
+/// Close of prepared statement `name`.
+pub fn close_statement(name: &str) -> Vec<u8> {
+    let mut b = vec![b'S'];
+    b.extend(name.as_bytes());
+    b.push(0);
+    message(b'C', &b)
+}
+
+/// Sync.
+pub fn sync() -> Vec<u8> {
+    message(b'S', b"")
+}
+
 impl Raw {
     /// Connects without sending anything.
     pub async fn connect(port: u16) -> Raw {

@@ -7,6 +7,7 @@ mod declare;
 mod durability;
 mod locking;
 mod model;
+mod own_statement;
 mod short_path;
 mod tx_ends;
 mod writes;

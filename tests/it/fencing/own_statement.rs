@@ -1,0 +1,136 @@
+//! The extended protocol's guard is a statement pgfence prepares once per session
+//! (`pgfence_guard_v1`). What a client does to prepared statements never costs a write its
+//! guard and never leaves the session failing: `DEALLOCATE` (by name or ALL) answered or
+//! still in flight, a protocol Close of that name, a client statement that took the name.
+//! Each test ends with its control: straight to Postgres the stale write lands.
+
+use super::{Fixture, code};
+use crate::common::pg::Cluster;
+use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, query, sync};
+
+const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
+const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
+
+/// Whether the session has pgfence's guard statement, prepared with a Parse.
+async fn has_guard(client: &tokio_postgres::Client) -> bool {
+    client
+        .query_opt(
+            "SELECT 1 FROM pg_prepared_statements WHERE name = 'pgfence_guard_v1' AND NOT from_sql",
+            &[],
+        )
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// A raw session through pgfence at `epoch`.
+async fn raw_leader(f: &Fixture, epoch: &str) -> Raw {
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("pgfence.epoch", epoch),
+    ];
+    let (raw, msgs) = Raw::startup(f.proxy.port(), &params).await;
+    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+    raw
+}
+
+/// The error codes of one extended-protocol write (unnamed statement and portal).
+async fn raw_write(raw: &mut Raw) -> Vec<String> {
+    raw.send(&[parse("", WRITE), bind("", "", &[]), execute(""), sync()].concat())
+        .await;
+    codes(&raw.read_until(|m| m.tag == b'Z').await)
+}
+
+#[tokio::test]
+async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let five = f.leader(5).await;
+    five.execute(WRITE, &[]).await.unwrap();
+    assert!(has_guard(&five).await);
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    for drop in [
+        "DEALLOCATE pgfence_guard_v1",
+        "deallocate prepare PGFENCE_GUARD_V1",
+        "DEALLOCATE ALL",
+        "DISCARD ALL",
+    ] {
+        five.batch_execute(drop).await.unwrap();
+        assert!(!has_guard(&five).await, "{drop}");
+        // Prepared again for the write, which it refuses (not 26000 for a missing statement).
+        assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001", "{drop}");
+        assert!(has_guard(&five).await, "{drop}");
+    }
+    // A DEALLOCATE of it that fails leaves it in place, and pgfence knows.
+    five.batch_execute("BEGIN; SELECT 1/0").await.unwrap_err();
+    five.batch_execute("DEALLOCATE pgfence_guard_v1").await.unwrap_err();
+    five.batch_execute("ROLLBACK").await.unwrap();
+    assert!(has_guard(&five).await);
+    assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001");
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// A DEALLOCATE sent and not yet answered when the next write is dispatched (pipelined):
+/// that write's guard is prepared anew.
+#[tokio::test]
+async fn a_deallocate_still_in_flight_does_not_cost_the_next_write_its_guard() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let mut five = raw_leader(&f, "5").await;
+    for (expected, stale) in [("", false), ("PF001", true)] {
+        if stale {
+            f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+        }
+        for drop in ["DEALLOCATE ALL", "DEALLOCATE pgfence_guard_v1", "DISCARD ALL"] {
+            // The guard is prepared, and pgfence has seen it answered.
+            raw_write(&mut five).await;
+            // The DEALLOCATE and the write in one send, nothing read in between.
+            let write = [parse("", WRITE), bind("", "", &[]), execute(""), sync()].concat();
+            five.send(&[query(drop), write].concat()).await;
+            let dropped = five.read_until(|m| m.tag == b'Z').await;
+            assert_eq!(codes(&dropped), Vec::<String>::new(), "{drop}");
+            let written = codes(&five.read_until(|m| m.tag == b'Z').await);
+            assert_eq!(written.join(","), expected, "{drop}, stale: {stale}");
+        }
+    }
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// A client's protocol Close of the guard's name: the next write prepares it again.
+#[tokio::test]
+async fn a_client_close_of_the_guard_statement_is_survived() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let mut five = raw_leader(&f, "5").await;
+    assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
+    five.send(&[close_statement("pgfence_guard_v1"), sync()].concat()).await;
+    let closed = five.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(codes(&closed), Vec::<String>::new());
+    assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    five.send(&[close_statement("pgfence_guard_v1"), sync()].concat()).await;
+    five.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(raw_write(&mut five).await, ["PF001"]);
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// A client statement that took the guard's name: the first write fails (Postgres' 42P05,
+/// nothing written); pgfence then closes that name before preparing its own, so the session
+/// does not fail forever, and every later write is guarded.
+#[tokio::test]
+async fn a_client_statement_named_like_the_guard_costs_one_write() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let five = f.leader(5).await;
+    five.batch_execute("PREPARE pgfence_guard_v1 AS SELECT 1")
+        .await
+        .unwrap();
+    assert_eq!(code(&five.execute(WRITE, &[]).await), "42P05");
+    assert_eq!(f.note().await.0, "init");
+    five.execute(WRITE, &[]).await.unwrap();
+    assert!(has_guard(&five).await);
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001");
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
