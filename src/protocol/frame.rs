@@ -123,9 +123,41 @@ pub fn standard_conforming_strings(body: &[u8]) -> Option<bool> {
     (r.cstr()? == b"standard_conforming_strings").then(|| r.cstr() != Some(b"off"))
 }
 
+/// `Some(hides)` when a ParameterStatus body reports `client_encoding`: whether that
+/// encoding has multibyte characters whose last byte can be 0x5C, a backslash in ASCII
+/// but not to Postgres, which converts the text before reading it. Those are the encodings
+/// Postgres accepts only from clients (BIG5, GB18030, GBK, JOHAB, SJIS, SHIFT_JIS_2004, UHC).
+pub fn client_encoding_hides_backslash(body: &[u8]) -> Option<bool> {
+    let mut r = Body::new(body);
+    if r.cstr()? != b"client_encoding" {
+        return None;
+    }
+    let name = r.cstr()?.to_ascii_uppercase();
+    Some(matches!(
+        name.as_slice(),
+        b"BIG5" | b"GB18030" | b"GBK" | b"JOHAB" | b"SJIS" | b"SHIFT_JIS_2004" | b"UHC"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_encodings_that_hide_a_backslash() {
+        for (name, hides) in [
+            ("UTF8", false),
+            ("SJIS", true),
+            ("BIG5", true),
+            ("LATIN1", false),
+            ("EUC_JP", false),
+            ("gbk", true),
+        ] {
+            let body = [b"client_encoding\0".as_slice(), name.as_bytes(), b"\0"].concat();
+            assert_eq!(client_encoding_hides_backslash(&body), Some(hides), "{name}");
+        }
+        assert_eq!(client_encoding_hides_backslash(b"DateStyle\0ISO\0"), None);
+    }
 
     #[test]
     fn header_needs_five_bytes() {

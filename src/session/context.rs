@@ -74,6 +74,22 @@ impl DbFences {
         analyzer.analyze(sql)
     }
 
+    /// Whether `sql` may name a fenced table of this database anywhere, strings and
+    /// comments included: a fenced name (ignoring case) or a `U&` identifier. For texts
+    /// pgfence cannot lex as Postgres will, where only such a mention can hide a write.
+    pub fn may_name_any(&self, sql: &str) -> bool {
+        let analyzer = self.analyzers[0].lock().unwrap_or_else(|p| p.into_inner());
+        let fences = analyzer.fences();
+        if fences.is_empty() {
+            return false;
+        }
+        let lower = sql.to_ascii_lowercase();
+        lower.contains("u&")
+            || fences
+                .prefilter_needles()
+                .any(|n| memchr::memmem::find(lower.as_bytes(), n).is_some())
+    }
+
     /// Whether `fence` is in rewrite mode.
     pub fn is_rewrite(&self, fence: FenceId) -> bool {
         matches!(self.rewriters.get(usize::from(fence.0)), Some(Some(_)))

@@ -82,6 +82,13 @@ impl Dispatcher {
         self.sent += 1;
         // A simple Query destroys the unnamed prepared statement.
         self.rw_statements.remove("");
+        if let Some(r) = self.unreadable(shared, sql) {
+            shared.pending.push_back(Unit::Query {
+                parts: Vec::new(),
+                done: 0,
+            });
+            return Some(raise_block(&r));
+        }
         let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         if analysis.is_plain() {
             for stmt in &analysis.statements {
@@ -200,6 +207,44 @@ impl Dispatcher {
         }
     }
 
+    /// A refusal (PF004) for a text that Postgres may read differently from pgfence and
+    /// that may name a fenced table; the statement is replaced by one that raises it.
+    /// - A multibyte character can end in byte 0x5C in the client-only encodings: to
+    ///   Postgres it is no backslash, so where pgfence sees an escaped quote Postgres sees
+    ///   a string's end. pgfence reads the text as UTF-8, so such a character followed by
+    ///   `\` is suspect while the session's `client_encoding` is one of them.
+    /// - `standard_conforming_strings` and `client_encoding` are known from Postgres'
+    ///   reports; a request still in flight may change them. Then a text that reads
+    ///   differently with the setting on and off, or the suspect sequence above, is refused.
+    fn unreadable(&self, shared: &Shared, sql: &str) -> Option<Rejection> {
+        let in_flight = !shared.pending.is_empty();
+        if (in_flight || shared.encoding_hides_backslash) && hides_backslash(sql) && self.fences.may_name_any(sql) {
+            return Some(Rejection {
+                code: crate::error::sqlstate::UNANALYSABLE,
+                message: "pgfence: statement has a multibyte character before a backslash, which this session's \
+                          client_encoding may read differently, and may write a fenced table; refused"
+                    .into(),
+                hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+            });
+        }
+        if in_flight && sql.contains('\\') {
+            let scs = shared.standard_conforming_strings;
+            let (a, b) = (self.fences.analyze(sql, scs), self.fences.analyze(sql, !scs));
+            if a != b && !(a.is_plain() && b.is_plain()) {
+                return Some(Rejection {
+                    code: crate::error::sqlstate::UNANALYSABLE,
+                    message: "pgfence: statement reads differently with standard_conforming_strings on and off, \
+                              a request in flight may change it, and it may write a fenced table; refused"
+                        .into(),
+                    hint: "Wait for the answer to a SET standard_conforming_strings before sending such a statement, \
+                           or write backslashes in E'' strings."
+                        .into(),
+                });
+            }
+        }
+        None
+    }
+
     /// Guard or rejection call for one fenced statement in a simple Query.
     fn simple_check(&self, shared: &Shared, need: Need, single: bool) -> Option<(Injected, String)> {
         match self.decide(need)? {
@@ -230,6 +275,12 @@ impl Dispatcher {
         params: &[u8],
         exact: bool,
     ) -> Option<String> {
+        if let Some(r) = self.unreadable(shared, sql) {
+            self.rw_statements.remove(name);
+            shared.statements.insert(name.to_owned(), Arc::default());
+            shared.pending.push_back(Unit::Parse(None));
+            return Some(raise_block(&r));
+        }
         let mut replacement = self.parse_rewrite(name, sql, params, exact);
         let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
         if let [stmt] = analysis.statements.as_slice() {
@@ -310,10 +361,22 @@ impl Dispatcher {
         shared.pending.push_back(Unit::Close(None));
     }
 
-    /// Sync.
+    /// Sync. In COPY FROM STDIN Postgres ignores it.
     pub fn on_sync(&mut self, shared: &mut Shared) {
+        if shared.copy_in {
+            return;
+        }
         self.sent += 1;
         shared.pending.push_back(Unit::Sync);
+    }
+
+    /// CopyDone or CopyFail: ends COPY FROM STDIN, or the one whose `G` is still to come.
+    pub fn on_copy_end(&mut self, shared: &mut Shared) {
+        if shared.copy_in {
+            shared.copy_in = false;
+        } else {
+            shared.pending.push_back(Unit::CopyEnd);
+        }
     }
 
     /// FunctionCall.
@@ -453,6 +516,13 @@ impl Dispatcher {
     fn keeps_hwm(&self, fence: FenceId) -> bool {
         self.fences.config[usize::from(fence.0)].mode == crate::config::Mode::Reject
     }
+}
+
+/// Whether a non-ASCII character comes right before a backslash: in the raw bytes, a byte
+/// of 0x80 or above before 0x5C (a backslash is never part of a UTF-8 sequence, and an
+/// invalid byte became U+FFFD in the text pgfence reads).
+fn hides_backslash(sql: &str) -> bool {
+    memchr::memchr_iter(b'\\', sql.as_bytes()).any(|i| i > 0 && sql.as_bytes()[i - 1] >= 0x80)
 }
 
 /// A statement that raises `r` without needing the pgfence schema.

@@ -67,11 +67,12 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
         declared,
         fences,
         _cancel_key,
-        standard_conforming_strings,
+        reported,
     } = est;
     let mut disp = Dispatcher::new(fences, declared.clone());
     let mut state = Shared::new(declared);
-    state.standard_conforming_strings = standard_conforming_strings;
+    state.standard_conforming_strings = reported.standard_conforming_strings;
+    state.encoding_hides_backslash = reported.encoding_hides_backslash;
     let shared = Mutex::new(state);
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = upstream.split();

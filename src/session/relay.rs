@@ -229,6 +229,9 @@ fn handle_client_message(
     disp: &mut Dispatcher,
 ) -> Result<Action, String> {
     let malformed = || format!("malformed message type '{}'", tag as char);
+    if st.copy_in && !matches!(tag, b'd' | b'c' | b'f' | b'S' | b'H') {
+        return Err(format!("message type '{}' during COPY FROM STDIN", tag as char));
+    }
     let mut body = Body::new(&msg[HEADER_LEN..]);
     match tag {
         b'Q' => {
@@ -311,6 +314,10 @@ fn handle_client_message(
             disp.on_function_call(st);
             Ok(Action::Forward)
         }
+        b'c' | b'f' => {
+            disp.on_copy_end(st);
+            Ok(Action::Forward)
+        }
         b'X' => Ok(Action::Terminate),
         _ => Ok(Action::Forward),
     }
@@ -331,6 +338,7 @@ where
         let mut pos = 0;
         let mut need = 0;
         let drained;
+        let violation;
         {
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
             while pos < buf.len() {
@@ -376,6 +384,10 @@ where
                 }
             }
             drained = st.draining && st.pending.is_empty() && st.tx_status == b'I' && stream.0 == 0;
+            violation = st.violation.take();
+        }
+        if let Some(reason) = violation {
+            return End::ClientProtocol(reason);
         }
         if let Err(e) = em.flush(cw, &buf, pos).await {
             return End::Io(e);

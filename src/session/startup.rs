@@ -39,21 +39,32 @@ pub struct Established {
     pub fences: Arc<DbFences>,
     /// Unregisters the cancel key when the session ends.
     pub _cancel_key: CancelKeyGuard,
-    /// The server's `standard_conforming_strings` at startup.
+    /// What the server reported at startup that decides how texts are read.
+    pub reported: Reported,
+}
+
+/// Settings the server reports (ParameterStatus) that decide how pgfence must read the
+/// session's texts.
+#[derive(Debug, Clone, Copy)]
+pub struct Reported {
+    /// `standard_conforming_strings`.
     pub standard_conforming_strings: bool,
+    /// Whether `client_encoding` may hide a backslash in a multibyte character
+    /// (`frame::client_encoding_hides_backslash`).
+    pub encoding_hides_backslash: bool,
 }
 
 /// Runs startup. `Ok(None)` when the connection was a cancel request or
 /// ended with an error already reported to the client.
 pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Option<Established>, StartupError> {
     match tokio::time::timeout(STARTUP_TIMEOUT, establish_inner(&mut client, ctx)).await {
-        Ok(Ok(Some((upstream, declared, fences, (key, scs))))) => Ok(Some(Established {
+        Ok(Ok(Some((upstream, declared, fences, (key, reported))))) => Ok(Some(Established {
             client,
             upstream,
             declared,
             fences,
             _cancel_key: key,
-            standard_conforming_strings: scs,
+            reported,
         })),
         Ok(Ok(None)) => Ok(None),
         Ok(Err(e)) => {
@@ -78,7 +89,7 @@ fn report(e: &StartupError) -> Option<ProxyError> {
     }
 }
 
-type Inner = Option<(TcpStream, Declarations, Arc<DbFences>, (CancelKeyGuard, bool))>;
+type Inner = Option<(TcpStream, Declarations, Arc<DbFences>, (CancelKeyGuard, Reported))>;
 
 async fn establish_inner(client: &mut TcpStream, ctx: &ServerContext) -> Result<Inner, StartupError> {
     let startup = loop {
@@ -163,15 +174,18 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
 }
 
 /// Relays authentication until ReadyForQuery. Returns the registered cancel
-/// key and the server's `standard_conforming_strings`, or `None` when the
+/// key and the settings the server reported, or `None` when the
 /// upstream refused the session (its error was forwarded).
 async fn relay_auth(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     ctx: &ServerContext,
-) -> Result<Option<(CancelKeyGuard, bool)>, StartupError> {
+) -> Result<Option<(CancelKeyGuard, Reported)>, StartupError> {
     let mut key = None;
-    let mut scs = true;
+    let mut reported = Reported {
+        standard_conforming_strings: true,
+        encoding_hides_backslash: false,
+    };
     loop {
         let (tag, msg) = read_message(upstream).await?;
         match tag {
@@ -199,15 +213,19 @@ async fn relay_auth(
                 // Postgres always sends BackendKeyData for normal sessions; without it
                 // cancel requests for this session simply find nothing.
                 let key = key.unwrap_or_else(|| ctx.register_cancel(UpstreamKey { pid: 0, secret: 0 }));
-                return Ok(Some((key, scs)));
+                return Ok(Some((key, reported)));
             }
             b'E' => {
                 client.write_all(&msg).await?;
                 return Ok(None);
             }
             b'S' => {
-                if let Some(on) = crate::protocol::frame::standard_conforming_strings(&msg[HEADER_LEN..]) {
-                    scs = on;
+                let body = &msg[HEADER_LEN..];
+                if let Some(on) = crate::protocol::frame::standard_conforming_strings(body) {
+                    reported.standard_conforming_strings = on;
+                }
+                if let Some(hides) = crate::protocol::frame::client_encoding_hides_backslash(body) {
+                    reported.encoding_hides_backslash = hides;
                 }
                 client.write_all(&msg).await?;
             }

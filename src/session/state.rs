@@ -14,6 +14,8 @@
 //! - An error in an extended-protocol message makes Postgres skip every
 //!   message up to the next Sync: those units get no reply.
 //! - `N`, `A` and `S` may arrive at any time and belong to no unit.
+//! - In COPY FROM STDIN (after `G`) Postgres ignores Sync and Flush until the client's
+//!   CopyDone or CopyFail: such a Sync gets no reply, so it is no unit.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -145,6 +147,9 @@ pub enum Unit {
     Close(Option<Injected>),
     /// Sync.
     Sync,
+    /// The client's CopyDone or CopyFail, sent before Postgres said it entered COPY FROM
+    /// STDIN: it ends the COPY whose `G` arrives first, or Postgres drops it. No reply.
+    CopyEnd,
 }
 
 /// What to do with one server message.
@@ -191,6 +196,14 @@ pub struct Shared {
     skipping: bool,
     /// An error happened in the open transaction.
     tx_error: bool,
+    /// The session's `client_encoding` (from ParameterStatus) may hide a backslash
+    /// inside a multibyte character (see `frame::client_encoding_hides_backslash`).
+    pub encoding_hides_backslash: bool,
+    /// Postgres is in COPY FROM STDIN and the client has not sent CopyDone or CopyFail
+    /// yet: Postgres ignores the client's Sync and Flush meanwhile.
+    pub copy_in: bool,
+    /// The client broke the protocol in a way only a reply revealed: end the session.
+    pub violation: Option<String>,
 }
 
 impl Shared {
@@ -226,6 +239,16 @@ impl Shared {
             return Verdict::Forward;
         }
         self.drop_skipped();
+        // A CopyDone or CopyFail that no COPY took: Postgres dropped it.
+        while matches!(self.pending.front(), Some(Unit::CopyEnd)) {
+            self.pending.pop_front();
+        }
+        match tag {
+            b'G' => self.enter_copy_in(),
+            // Postgres left COPY mode with an error: the client's Syncs count again.
+            b'E' => self.copy_in = false,
+            _ => {}
+        }
         let Some(front) = self.pending.front_mut() else {
             return Verdict::Forward;
         };
@@ -283,6 +306,8 @@ impl Shared {
                     _ => Verdict::Forward,
                 }
             }
+            // Dropped above before anything is attributed.
+            Unit::CopyEnd => Verdict::Forward,
             Unit::Describe => match tag {
                 b'T' | b'n' => {
                     self.pending.pop_front();
@@ -314,9 +339,43 @@ impl Shared {
         }
     }
 
+    /// CopyInResponse to the unit at the front. The units the client sent after it until
+    /// its CopyDone or CopyFail reach Postgres in COPY mode: Syncs there are ignored (no
+    /// reply, so no unit), and anything else breaks the protocol.
+    fn enter_copy_in(&mut self) {
+        loop {
+            match self.pending.get(1) {
+                Some(Unit::Sync) => {
+                    self.pending.remove(1);
+                    // Counted as sent when dispatched: answered now, as it never will be.
+                    self.answered += 1;
+                }
+                Some(Unit::CopyEnd) => {
+                    self.pending.remove(1);
+                    return;
+                }
+                None => {
+                    self.copy_in = true;
+                    return;
+                }
+                Some(_) => {
+                    self.violation = Some(
+                        "a message other than CopyData, CopyDone, CopyFail, Sync or Flush during COPY FROM STDIN"
+                            .into(),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
     fn on_parameter_status(&mut self, body: Option<&[u8]>) {
-        if let Some(on) = frame::standard_conforming_strings(body.unwrap_or_default()) {
+        let body = body.unwrap_or_default();
+        if let Some(on) = frame::standard_conforming_strings(body) {
             self.standard_conforming_strings = on;
+        }
+        if let Some(hides) = frame::client_encoding_hides_backslash(body) {
+            self.encoding_hides_backslash = hides;
         }
     }
 

@@ -3,9 +3,11 @@
 //! Every negative test has a control: the same scenario sent straight to
 //! Postgres (no pgfence) lets the stale write land.
 
+mod copy_in;
 mod declare;
 mod durability;
 mod locking;
+mod misread;
 mod model;
 mod own_statement;
 mod short_path;

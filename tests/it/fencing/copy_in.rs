@@ -1,0 +1,133 @@
+//! COPY FROM STDIN in the extended protocol: Postgres ignores the client's Sync and Flush
+//! while it copies (libpq sends a Sync after the Execute and another after CopyDone), so
+//! those Syncs get no ReadyForQuery. pgfence must attribute every later reply as
+//! Postgres sends it: the session reads exactly what it reads straight from Postgres, and
+//! the next transaction is still checked.
+
+use super::{Fixture, code};
+use crate::common::raw::{Raw, bind, codes, execute, message, parse, query, sync, tags};
+
+const COPY: &str = "COPY audit (note) FROM STDIN";
+const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
+
+fn copy_data(row: &str) -> Vec<u8> {
+    message(b'd', row.as_bytes())
+}
+
+fn copy_done() -> Vec<u8> {
+    message(b'c', b"")
+}
+
+fn copy_fail(why: &str) -> Vec<u8> {
+    let mut b = why.as_bytes().to_vec();
+    b.push(0);
+    message(b'f', &b)
+}
+
+/// A raw session at `epoch` on `port`, through pgfence or not.
+async fn session(f: &Fixture, port: u16, epoch: i64) -> Raw {
+    let epoch = epoch.to_string();
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("pgfence.epoch", epoch.as_str()),
+    ];
+    let (raw, msgs) = Raw::startup(port, &params).await;
+    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+    raw
+}
+
+/// The transcript of one COPY as libpq sends it, then a fenced write and a read: message
+/// types and error codes, per request. `wait_for_copy`: send the rows only once Postgres
+/// said it copies (libpq), else everything at once (a pipelining client).
+async fn transcript(raw: &mut Raw, wait_for_copy: bool, end: Vec<u8>) -> Vec<String> {
+    let start = [parse("", COPY), bind("", "", &[]), execute(""), sync()].concat();
+    let rows = [copy_data("a\n"), copy_data("b\n"), end, sync()].concat();
+    let mut out = Vec::new();
+    if wait_for_copy {
+        raw.send(&start).await;
+        let head = raw.read_until(|m| m.tag == b'G').await;
+        raw.send(&rows).await;
+        let tail = raw.read_until(|m| m.tag == b'Z').await;
+        out.push(format!("{}{} {:?}", tags(&head), tags(&tail), codes(&tail)));
+    } else {
+        raw.send(&[start, rows].concat()).await;
+        let all = raw.read_until(|m| m.tag == b'Z').await;
+        out.push(format!("{} {:?}", tags(&all), codes(&all)));
+    }
+    for sql in [WRITE, "SELECT 42"] {
+        let r = raw.simple(sql).await;
+        out.push(format!("{} {:?}", tags(&r), codes(&r)));
+    }
+    out
+}
+
+#[tokio::test]
+async fn syncs_inside_copy_get_no_reply_through_pgfence_either() {
+    let f = Fixture::new().await;
+    let e = f.takeover("a").await;
+    for wait in [true, false] {
+        for (end, how) in [(copy_done(), "CopyDone"), (copy_fail("client gave up"), "CopyFail")] {
+            let mut direct = session(&f, f.cluster.port(), e).await;
+            let mut proxied = session(&f, f.proxy.port(), e).await;
+            let want = transcript(&mut direct, wait, end.clone()).await;
+            let got = transcript(&mut proxied, wait, end).await;
+            assert_eq!(got, want, "{how}, waiting for G: {wait}");
+        }
+    }
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM audit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 8, "two rows per completed COPY, twice each way");
+}
+
+/// The reply misattributed after such a Sync could make pgfence believe a guard still
+/// held in a later transaction. Here: a COPY with its Syncs inside a guarded transaction,
+/// `COMMIT AND CHAIN`, a takeover, and the stale write in the chained transaction.
+#[tokio::test]
+async fn a_transaction_after_a_copy_is_still_checked() {
+    let f = Fixture::new().await;
+    let e = f.takeover("a").await;
+    let mut s = session(&f, f.proxy.port(), e).await;
+    assert_eq!(codes(&s.simple(&format!("BEGIN; {WRITE}")).await), Vec::<String>::new());
+    let copy = [parse("", COPY), bind("", "", &[]), execute(""), sync()].concat();
+    let rows = [copy_data("a\n"), sync(), copy_done(), sync()].concat();
+    s.send(&[copy, rows, query("COMMIT AND CHAIN")].concat()).await;
+    let copied = s.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(tags(&copied), "12GCZ");
+    let chained = s.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(tags(&chained), "CZ");
+    f.takeover("b").await;
+    let stale = s.simple("UPDATE sweep_state SET note = 'stale' WHERE id = 1").await;
+    assert_eq!(codes(&stale), ["PF001"]);
+    s.simple("ROLLBACK").await;
+    assert_ne!(f.note().await.0, "stale");
+    // Control: straight to Postgres the same session's stale write lands.
+    let mut d = session(&f, f.cluster.port(), e).await;
+    assert!(codes(&d.simple("UPDATE sweep_state SET note = 'stale' WHERE id = 1").await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// Anything but CopyData, CopyDone, CopyFail, Sync or Flush while Postgres copies breaks the
+/// protocol: that session ends with 08P01, the others go on.
+#[tokio::test]
+async fn a_query_inside_copy_ends_only_that_session() {
+    let f = Fixture::new().await;
+    let e = f.takeover("a").await;
+    let bystander = f.leader(e).await;
+    for wait in [true, false] {
+        let mut s = session(&f, f.proxy.port(), e).await;
+        s.send(&[parse("", COPY), bind("", "", &[]), execute(""), sync()].concat())
+            .await;
+        if wait {
+            s.read_until(|m| m.tag == b'G').await;
+        }
+        s.send(&query("SELECT 1")).await;
+        let rest = s.read_until(|_| false).await;
+        assert_eq!(codes(&rest).last().map(String::as_str), Some("08P01"), "{rest:?}");
+        assert_eq!(code(&bystander.execute(WRITE, &[]).await), "ok");
+    }
+}

@@ -1,0 +1,105 @@
+//! Texts Postgres may read differently from pgfence: a backslash that is the second byte
+//! of a multibyte character in the client-only encodings (SJIS, BIG5, GBK, …), and
+//! `standard_conforming_strings` or `client_encoding` changed by a request still in flight.
+//! Such a text that may name a fenced table is refused (PF004); each test has its control:
+//! straight to Postgres the hidden stale write lands.
+
+use super::Fixture;
+use crate::common::raw::{Raw, codes, message, query};
+
+/// A stale session's write hidden behind what pgfence would read as a string: with SJIS,
+/// 0x83 0x5C is one character (ソ) to Postgres, so the string ends there.
+const SJIS_HIDDEN: &[u8] = b"SELECT E'\x83\x5c'; UPDATE sweep_state SET note = 'stale' WHERE id = 1; -- '";
+/// The same with `standard_conforming_strings` on, read by pgfence with it off.
+const SCS_HIDDEN: &str = "SELECT 'x\\'; UPDATE sweep_state SET note = 'stale' WHERE id = 1; -- '";
+
+fn raw_query(sql: &[u8]) -> Vec<u8> {
+    message(b'Q', &[sql, b"\0"].concat())
+}
+
+/// A raw session at a stale epoch (the lease is at 2) with these extra startup parameters.
+async fn stale(f: &Fixture, port: u16, extra: &[(&str, &str)]) -> Raw {
+    let mut params = vec![
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("pgfence.epoch", "1"),
+    ];
+    params.extend_from_slice(extra);
+    let (raw, msgs) = Raw::startup(port, &params).await;
+    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+    raw
+}
+
+async fn at_epoch_two() -> Fixture {
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    f.takeover("b").await;
+    f
+}
+
+#[tokio::test]
+async fn a_backslash_inside_an_sjis_character_hides_nothing() {
+    let f = at_epoch_two().await;
+    let sjis = [("client_encoding", "SJIS")];
+    let mut s = stale(&f, f.proxy.port(), &sjis).await;
+    s.send(&raw_query(SJIS_HIDDEN)).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    assert_eq!(f.note().await.0, "init");
+    // SJIS text that cannot hide anything passes: no backslash after a multibyte character,
+    // or no fenced table named.
+    let fine: [&[u8]; 2] = [
+        b"SELECT '\x83\x41', note FROM sweep_state",
+        b"SELECT E'\x83\x5c', note FROM audit",
+    ];
+    for sql in fine {
+        s.send(&raw_query(sql)).await;
+        assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty(), "{sql:?}");
+    }
+    // Control: straight to Postgres the stale write lands.
+    let mut d = stale(&f, f.cluster.port(), &sjis).await;
+    d.send(&raw_query(SJIS_HIDDEN)).await;
+    assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// `SET client_encoding` and the text in one send: pgfence has not seen Postgres'
+/// answer when it reads the text.
+#[tokio::test]
+async fn an_encoding_change_in_flight_hides_nothing() {
+    let f = at_epoch_two().await;
+    let mut s = stale(&f, f.proxy.port(), &[]).await;
+    s.send(&[query("SET client_encoding = 'SJIS'"), raw_query(SJIS_HIDDEN)].concat())
+        .await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    let mut d = stale(&f, f.cluster.port(), &[]).await;
+    d.send(&[query("SET client_encoding = 'SJIS'"), raw_query(SJIS_HIDDEN)].concat())
+        .await;
+    d.read_until(|m| m.tag == b'Z').await;
+    assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// `SET standard_conforming_strings = on` and the text in one send, from a session that
+/// had it off: sent one after the other, the same text gets PF001.
+#[tokio::test]
+async fn a_standard_conforming_strings_change_in_flight_hides_nothing() {
+    let f = at_epoch_two().await;
+    let off = [("standard_conforming_strings", "off")];
+    let mut s = stale(&f, f.proxy.port(), &off).await;
+    s.send(&[query("SET standard_conforming_strings = on"), query(SCS_HIDDEN)].concat())
+        .await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    assert_eq!(codes(&s.simple(SCS_HIDDEN).await), ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    let mut d = stale(&f, f.cluster.port(), &off).await;
+    d.send(&[query("SET standard_conforming_strings = on"), query(SCS_HIDDEN)].concat())
+        .await;
+    d.read_until(|m| m.tag == b'Z').await;
+    assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
