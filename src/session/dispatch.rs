@@ -13,14 +13,14 @@ use bytes::BytesMut;
 use super::context::DbFences;
 use super::declare::Declarations;
 use super::rewriting::RwStatement;
-use super::state::{Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
+use super::state::{Defined, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
 use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::protocol::codec;
 use crate::sql::Declaration;
 use crate::sql::FenceId;
-use crate::sql::classify::StmtKind;
+use crate::sql::classify::{Analysis, Stmt, StmtKind};
 
 /// Name of the portal pgfence binds its own statements to.
 const OWN_PORTAL: &str = "pgfence_p";
@@ -29,7 +29,26 @@ const OWN_PORTAL: &str = "pgfence_p";
 enum Need {
     None,
     Write(Vec<FenceId>),
+    /// May write these fences (none listed: any fence) and cannot be analysed.
     Unanalysable(Vec<FenceId>),
+}
+
+impl Need {
+    /// What either of two statements needs: unanalysable over both if either is.
+    fn union(self, other: Need) -> Need {
+        match (self, other) {
+            (Need::None, n) | (n, Need::None) => n,
+            (Need::Write(mut a), Need::Write(b)) => {
+                a.extend(b);
+                Need::Write(a)
+            }
+            (Need::Unanalysable(a), _) | (_, Need::Unanalysable(a)) if a.is_empty() => Need::Unanalysable(a),
+            (Need::Write(mut a) | Need::Unanalysable(mut a), Need::Write(b) | Need::Unanalysable(b)) => {
+                a.extend(b);
+                Need::Unanalysable(a)
+            }
+        }
+    }
 }
 
 /// The client-side half of a session.
@@ -42,10 +61,11 @@ pub struct Dispatcher {
     pub(super) rw_portals: HashMap<String, (String, Option<Epoch>)>,
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
-    /// SQL-level `PREPARE name AS <fenced write>`: what `EXECUTE name` needs.
-    sql_prepared: HashMap<String, (bool, Vec<FenceId>)>,
     /// Syncs and Queries sent so far (batch numbers).
     sent: u64,
+    /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
+    /// and what runs up to each Sync (see `state::Definition::batch`).
+    batch: u64,
     /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
     /// so far is answered. Until then pgfence's prepared statements may be gone.
     dealloc_until: u64,
@@ -57,11 +77,11 @@ impl Dispatcher {
         Self {
             fences,
             speculative: declared,
-            sql_prepared: HashMap::new(),
             rw_statements: HashMap::new(),
             rw_portals: HashMap::new(),
             scs: true,
             sent: 0,
+            batch: 0,
             dealloc_until: 0,
         }
     }
@@ -80,6 +100,9 @@ impl Dispatcher {
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
         self.sent += 1;
+        // The Query is a batch of its own, and what follows it up to a Sync another.
+        let batch = self.batch + 1;
+        self.batch += 2;
         // A simple Query destroys the unnamed prepared statement.
         self.rw_statements.remove("");
         if let Some(r) = self.unreadable(shared, sql) {
@@ -110,8 +133,8 @@ impl Dispatcher {
                 injected: None,
                 effect: None,
             };
-            self.note_sql_prepare(&stmt.kind);
-            match self.need(&stmt.kind) {
+            part.effect = self.note_prepare(shared, &stmt.kind, batch);
+            match self.need(shared, &stmt.kind, batch) {
                 Need::None => {}
                 Need::Write(f) if self.any_rewrite(&f) => {
                     let (sent, injected) = self.simple_rewrite(shared, &f, &sql[stmt.span.clone()], exact, single);
@@ -142,7 +165,7 @@ impl Dispatcher {
                     }
                 }
             }
-            if let Some(effect) = self.note_deallocate(&stmt.kind, self.sent) {
+            if let Some(effect) = self.note_deallocate(shared, &stmt.kind, self.sent) {
                 part.effect = Some(effect);
             }
             self.speculate_end(&stmt.kind);
@@ -187,24 +210,134 @@ impl Dispatcher {
         Some(text)
     }
 
-    /// A client statement that may drop pgfence's prepared statements, answered when
-    /// [`Shared::answered`] reaches `answered_at`: until then they may or may not be gone.
-    /// `DEALLOCATE ALL` and `DISCARD ALL` forget them when their command tag arrives (see
-    /// [`Shared`]); a `DEALLOCATE` of one of pgfence's names forgets that one when it
-    /// completes (the effect returned), and leaves it if it fails.
-    fn note_deallocate(&mut self, kind: &StmtKind, answered_at: u64) -> Option<Effect> {
+    /// A statement that may drop prepared statements, answered when
+    /// [`Shared::answered`] reaches `answered_at`: until then pgfence's own may or may not
+    /// be gone. `DEALLOCATE ALL` and `DISCARD ALL` forget every statement when their
+    /// command tag arrives (see [`Shared`]); a `DEALLOCATE name` forgets the definitions
+    /// of that name sent before it when it completes (the effect returned), and leaves
+    /// them if it fails.
+    fn note_deallocate(&mut self, shared: &Shared, kind: &StmtKind, answered_at: u64) -> Option<Effect> {
         match kind {
             StmtKind::Deallocate { name: None } | StmtKind::Declare(Declaration::DiscardAll) => {
                 self.dealloc_until = answered_at;
                 None
             }
             StmtKind::Deallocate { name: Some(name) } => {
-                let own = OwnStatement::named(name)?;
-                self.dealloc_until = answered_at;
-                Some(Effect::Deallocate(own))
+                if OwnStatement::named(name).is_some() {
+                    self.dealloc_until = answered_at;
+                }
+                Some(Effect::Deallocated(Defined {
+                    name: name.clone(),
+                    id: shared.defined,
+                }))
             }
             _ => None,
         }
+    }
+
+    /// SQL `PREPARE name AS inner`: a definition of `name`, in force once it succeeds (the
+    /// effect returned).
+    fn note_prepare(&self, shared: &mut Shared, kind: &StmtKind, batch: u64) -> Option<Effect> {
+        let StmtKind::Prepare { name, inner } = kind else {
+            return None;
+        };
+        let inner = Stmt {
+            span: 0..0,
+            kind: inner.as_ref().clone(),
+        };
+        let defined = shared.define(
+            name,
+            batch,
+            Arc::new(Analysis {
+                statements: vec![inner],
+            }),
+        );
+        Some(Effect::Prepared(defined))
+    }
+
+    /// What running client statement `name` in `batch` may do, as one analysis, over every
+    /// definition Postgres may hold under it (see [`Shared::statements`]): one of them as
+    /// it is, or a single statement that writes (or may write) every fence any of them
+    /// may. A definition sent in the same batch is the only one that can run. A name
+    /// without any known definition may write any fence. A write to a rewrite-mode table
+    /// counts as unanalysable here: only statements rewritten at their Parse
+    /// (`rw_statements`) run rewritten, and they do not come this way.
+    fn resolve(&self, shared: &Shared, name: &str, batch: u64) -> Arc<Analysis> {
+        let mut defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
+        if let [.., last] = defs
+            && last.batch == batch
+        {
+            defs = std::slice::from_ref(last);
+        }
+        let mut write = Vec::new();
+        let mut unanalysable = Vec::new();
+        let mut may_anything = defs.is_empty();
+        for def in defs {
+            let [stmt] = def.analysis.statements.as_slice() else {
+                continue;
+            };
+            match self.definition_need(shared, &stmt.kind, true) {
+                Need::None => {}
+                Need::Write(f) => write.extend(f),
+                Need::Unanalysable(f) if f.is_empty() => may_anything = true,
+                Need::Unanalysable(f) => unanalysable.extend(f),
+            }
+        }
+        if may_anything {
+            unanalysable.extend(self.fences.applicable.iter().copied());
+        }
+        let kind = if !unanalysable.is_empty() {
+            unanalysable.extend(write);
+            unanalysable.sort_unstable();
+            unanalysable.dedup();
+            StmtKind::Unanalysable { fences: unanalysable }
+        } else if !write.is_empty() {
+            if let [only] = defs {
+                return only.analysis.clone();
+            }
+            write.sort_unstable();
+            write.dedup();
+            StmtKind::Write {
+                fences: write,
+                tables: Vec::new(),
+            }
+        } else {
+            return match defs {
+                [only] => only.analysis.clone(),
+                _ => Arc::default(),
+            };
+        };
+        Arc::new(Analysis {
+            statements: vec![Stmt { span: 0..0, kind }],
+        })
+    }
+
+    /// What one definition of a client statement needs when run by name. `nested`: an
+    /// `EXECUTE` in it is looked up once more (a definition can be `EXECUTE other`).
+    fn definition_need(&self, shared: &Shared, kind: &StmtKind, nested: bool) -> Need {
+        match kind {
+            StmtKind::Write { fences, .. } if self.any_rewrite(fences) => Need::Unanalysable(fences.clone()),
+            StmtKind::Execute { name } if nested => self.resolve_shallow(shared, name),
+            StmtKind::Execute { .. } => Need::Unanalysable(Vec::new()),
+            kind => self.kind_need(kind),
+        }
+    }
+
+    /// [`Self::resolve`] of a name met inside a definition, as a need, without looking
+    /// further.
+    fn resolve_shallow(&self, shared: &Shared, name: &str) -> Need {
+        let defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
+        if defs.is_empty() {
+            return Need::Unanalysable(Vec::new());
+        }
+        let mut need = Need::None;
+        for def in defs {
+            let [stmt] = def.analysis.statements.as_slice() else {
+                continue;
+            };
+            need = need.union(self.definition_need(shared, &stmt.kind, false));
+        }
+        need
     }
 
     /// A refusal (PF004) for a text that Postgres may read differently from pgfence and
@@ -264,9 +397,10 @@ impl Dispatcher {
         }
     }
 
-    /// Parse: analyses the statement; an invalid declaration is replaced by a
-    /// statement that raises PF003 when executed, a write to a rewrite-mode
-    /// table by its rewrite for the session's epoch (see `rewriting`).
+    /// Parse: analyses the statement and records it as a definition of its name; an
+    /// invalid declaration is replaced by a statement that raises PF003 when executed,
+    /// a write to a rewrite-mode table by its rewrite for the session's epoch (see
+    /// `rewriting`).
     pub fn on_parse(
         &mut self,
         shared: &mut Shared,
@@ -277,8 +411,9 @@ impl Dispatcher {
     ) -> Option<String> {
         if let Some(r) = self.unreadable(shared, sql) {
             self.rw_statements.remove(name);
-            shared.statements.insert(name.to_owned(), Arc::default());
-            shared.pending.push_back(Unit::Parse(None));
+            // The statement sent raises PF004 itself.
+            let defined = shared.define(name, self.batch, Arc::default());
+            shared.pending.push_back(Unit::Parse(None, Some(defined)));
             return Some(raise_block(&r));
         }
         let mut replacement = self.parse_rewrite(name, sql, params, exact);
@@ -289,10 +424,9 @@ impl Dispatcher {
                     replacement = Some(raise_block(&rejection));
                 }
             }
-            self.note_sql_prepare(&stmt.kind);
         }
-        shared.statements.insert(name.to_owned(), analysis);
-        shared.pending.push_back(Unit::Parse(None));
+        let defined = shared.define(name, self.batch, analysis);
+        shared.pending.push_back(Unit::Parse(None, Some(defined)));
         replacement
     }
 
@@ -300,7 +434,7 @@ impl Dispatcher {
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
         self.bind_rewrite(shared, portal, statement, out);
-        let analysis = shared.statements.get(statement).cloned().unwrap_or_default();
+        let analysis = self.resolve(shared, statement, self.batch);
         shared.portals.insert(portal.to_owned(), (analysis, self.sent));
         shared.pending.push_back(Unit::Bind(None));
     }
@@ -329,12 +463,15 @@ impl Dispatcher {
                 self.speculate(&e);
                 effect = Some(e);
             }
-            let need = self.need(&stmt.kind);
+            let need = self.need(shared, &stmt.kind, self.batch);
             if let Some(decision) = self.decide(need) {
                 self.inject_extended(shared, decision, out);
             }
+            if let Some(e) = self.note_prepare(shared, &stmt.kind, self.batch) {
+                effect = Some(e);
+            }
             // Answered with the Sync that ends this batch.
-            if let Some(e) = self.note_deallocate(&stmt.kind, self.sent + 1) {
+            if let Some(e) = self.note_deallocate(shared, &stmt.kind, self.sent + 1) {
                 effect = Some(e);
             }
             self.speculate_end(&stmt.kind);
@@ -350,15 +487,21 @@ impl Dispatcher {
     /// Close of a statement (`S`) or portal (`P`).
     pub fn on_close(&mut self, shared: &mut Shared, kind: u8, name: &str) {
         self.close_rewrite(kind, name);
+        let mut removes = None;
         if kind == b'S' {
-            shared.statements.remove(name);
+            // Its definitions go when Postgres confirms: a Close skipped after an error
+            // leaves the statement in place.
+            removes = Some(Defined {
+                name: name.to_owned(),
+                id: shared.defined,
+            });
             if let Some(own) = OwnStatement::named(name) {
                 shared.own.insert(own, Prepared::Unknown);
             }
         } else {
             shared.portals.remove(name);
         }
-        shared.pending.push_back(Unit::Close(None));
+        shared.pending.push_back(Unit::Close(None, removes));
     }
 
     /// Sync. In COPY FROM STDIN Postgres ignores it.
@@ -367,6 +510,7 @@ impl Dispatcher {
             return;
         }
         self.sent += 1;
+        self.batch += 1;
         shared.pending.push_back(Unit::Sync);
     }
 
@@ -382,6 +526,7 @@ impl Dispatcher {
     /// FunctionCall.
     pub fn on_function_call(&mut self, shared: &mut Shared) {
         self.sent += 1;
+        self.batch += 1;
         shared.pending.push_back(Unit::FunctionCall);
     }
 
@@ -420,10 +565,12 @@ impl Dispatcher {
                 // It may be there or not (a Parse from an earlier batch, a DEALLOCATE in
                 // flight, a name found taken): close it first, which is no error either way.
                 codec::close_statement(out, name);
-                shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
+                shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
             }
             codec::parse(out, name, sql, types);
-            shared.pending.push_back(Unit::Parse(Some(Injected::Prepare(own))));
+            shared
+                .pending
+                .push_back(Unit::Parse(Some(Injected::Prepare(own)), None));
             shared.own.insert(own, Prepared::InFlight(self.sent));
         }
         let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
@@ -432,45 +579,27 @@ impl Dispatcher {
         codec::execute(out, OWN_PORTAL);
         shared.pending.push_back(Unit::Execute(Some(injected), None));
         codec::close_portal(out, OWN_PORTAL);
-        shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
+        shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
     }
 
-    /// What a statement needs, resolving SQL-level EXECUTE of a prepared write.
-    fn need(&self, kind: &StmtKind) -> Need {
+    /// What a statement needs, resolving SQL-level EXECUTE through the statement's
+    /// definitions (see [`Self::resolve`]).
+    fn need(&self, shared: &Shared, kind: &StmtKind, batch: u64) -> Need {
         match kind {
-            StmtKind::Write { fences, .. } => Need::Write(fences.clone()),
-            StmtKind::Unanalysable { fences } => Need::Unanalysable(fences.clone()),
-            StmtKind::Execute { name } => match self.sql_prepared.get(name) {
-                Some((true, fences)) => Need::Write(fences.clone()),
-                Some((false, fences)) => Need::Unanalysable(fences.clone()),
-                None => Need::None,
+            StmtKind::Execute { name } => match self.resolve(shared, name, batch).statements.as_slice() {
+                [stmt] => self.kind_need(&stmt.kind),
+                _ => Need::None,
             },
-            _ => Need::None,
+            kind => self.kind_need(kind),
         }
     }
 
-    fn note_sql_prepare(&mut self, kind: &StmtKind) {
+    /// What a statement needs by its own kind.
+    fn kind_need(&self, kind: &StmtKind) -> Need {
         match kind {
-            StmtKind::Prepare { name, inner } => match inner.as_ref() {
-                // SQL-level EXECUTE cannot be given a rewritten text: refused (PF004).
-                StmtKind::Write { fences, .. } if self.any_rewrite(fences) => {
-                    self.sql_prepared.insert(name.clone(), (false, fences.clone()));
-                }
-                StmtKind::Write { fences, .. } => {
-                    self.sql_prepared.insert(name.clone(), (true, fences.clone()));
-                }
-                StmtKind::Unanalysable { fences } => {
-                    self.sql_prepared.insert(name.clone(), (false, fences.clone()));
-                }
-                _ => {
-                    self.sql_prepared.remove(name);
-                }
-            },
-            StmtKind::Deallocate { name: Some(name) } => {
-                self.sql_prepared.remove(name);
-            }
-            StmtKind::Deallocate { name: None } => self.sql_prepared.clear(),
-            _ => {}
+            StmtKind::Write { fences, .. } => Need::Write(fences.clone()),
+            StmtKind::Unanalysable { fences } => Need::Unanalysable(fences.clone()),
+            _ => Need::None,
         }
     }
 

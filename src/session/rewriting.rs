@@ -202,9 +202,9 @@ impl Dispatcher {
         {
             let sql = splice(rw, &text);
             crate::protocol::codec::close_statement(out, statement);
-            shared.pending.push_back(Unit::Close(Some(Injected::Plumbing)));
+            shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
             parse_raw(out, statement, &sql, &rw.params);
-            shared.pending.push_back(Unit::Parse(Some(Injected::Plumbing)));
+            shared.pending.push_back(Unit::Parse(Some(Injected::Plumbing), None));
             if let Some(rw) = self.rw_statements.get_mut(statement) {
                 rw.prepared_for = Some(epoch);
             }

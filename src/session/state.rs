@@ -27,7 +27,7 @@ use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
 use crate::protocol::{codec, frame};
 use crate::sql::FenceId;
-use crate::sql::classify::{Analysis, SavepointOp};
+use crate::sql::classify::{Analysis, SavepointOp, Stmt, StmtKind};
 
 /// What an injected unit was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,9 +97,39 @@ pub enum Effect {
     ResetAll,
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` a savepoint.
     Savepoint(SavepointOp),
-    /// `DEALLOCATE` of one of pgfence's statements (no declaration changes).
-    Deallocate(OwnStatement),
+    /// A client's SQL `PREPARE` succeeded: only this definition of the name is left.
+    Prepared(Defined),
+    /// A client's `DEALLOCATE name` succeeded: the definitions up to this one are gone
+    /// (and pgfence's own statement, when the name is one of its).
+    Deallocated(Defined),
 }
+
+/// A client statement name with the number of a definition (or of the last definition
+/// before a removal); numbers grow in dispatch order (`Shared::define`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Defined {
+    /// The statement name (`""` is the unnamed statement).
+    pub name: String,
+    /// The definition's number.
+    pub id: u64,
+}
+
+/// One definition of a client statement name.
+#[derive(Debug, Clone)]
+pub struct Definition {
+    /// Its number ([`Defined::id`]).
+    pub id: u64,
+    /// The dispatcher's batch it was sent in: after a Parse or `PREPARE` that fails or is
+    /// skipped, Postgres runs nothing more of that batch, so within it the definition is
+    /// certain.
+    pub batch: u64,
+    /// What it does.
+    pub analysis: Arc<Analysis>,
+}
+
+/// At most this many unconfirmed definitions are kept per name; beyond, the name may
+/// run anything ([`Shared::define`]).
+const MAX_DEFINITIONS: usize = 8;
 
 impl Effect {
     /// Applies the change to a session's declarations (confirmed or speculative).
@@ -109,7 +139,7 @@ impl Effect {
             Effect::Fence(scope, v) => declared.fence.set(scope, v),
             Effect::ResetAll => declared.reset_all(),
             Effect::Savepoint(op) => declared.savepoint(&op),
-            Effect::Deallocate(_) => {}
+            Effect::Prepared(_) | Effect::Deallocated(_) => {}
         }
     }
 }
@@ -135,16 +165,16 @@ pub enum Unit {
     },
     /// FunctionCall.
     FunctionCall,
-    /// Parse.
-    Parse(Option<Injected>),
+    /// Parse; the client's carry the definition it makes.
+    Parse(Option<Injected>, Option<Defined>),
     /// Bind.
     Bind(Option<Injected>),
     /// Describe.
     Describe,
     /// Execute.
     Execute(Option<Injected>, Option<Effect>),
-    /// Close.
-    Close(Option<Injected>),
+    /// Close; the client's Close of a statement carries the last definition it removes.
+    Close(Option<Injected>, Option<Defined>),
     /// Sync.
     Sync,
     /// The client's CopyDone or CopyFail, sent before Postgres said it entered COPY FROM
@@ -183,8 +213,14 @@ pub struct Shared {
     pub own: HashMap<OwnStatement, Prepared>,
     /// Syncs and Queries answered so far.
     pub answered: u64,
-    /// Analyses of the client's named and unnamed statements (extended protocol).
-    pub statements: HashMap<String, Arc<Analysis>>,
+    /// What each client statement name may be: every definition Postgres may hold under
+    /// it, numbered. Protocol Parse and SQL `PREPARE` share the namespace, as in Postgres.
+    /// A definition is added when sent and the others are dropped only when Postgres
+    /// confirms (a Parse or `PREPARE` that fails, or is skipped after an error, leaves
+    /// the old one in force), so deciding on all of them never misses the real one.
+    pub statements: HashMap<String, Vec<Definition>>,
+    /// The number of the last definition.
+    pub defined: u64,
     /// Portals: analysis and the batch they were bound in.
     pub portals: HashMap<String, (Arc<Analysis>, u64)>,
     /// The server's `standard_conforming_strings` (from ParameterStatus): it decides
@@ -225,7 +261,7 @@ impl Shared {
             && self
                 .pending
                 .iter()
-                .all(|u| matches!(u, Unit::Parse(_) | Unit::Bind(_) | Unit::Describe | Unit::Close(_)))
+                .all(|u| matches!(u, Unit::Parse(..) | Unit::Bind(_) | Unit::Describe | Unit::Close(..)))
     }
 
     /// Classifies one server message. `body` is given for `Z`, `C` and `E`
@@ -288,11 +324,15 @@ impl Shared {
                 }
                 Verdict::Forward
             }
-            Unit::Parse(inj) | Unit::Bind(inj) | Unit::Close(inj) => {
+            Unit::Parse(inj, _) | Unit::Bind(inj) | Unit::Close(inj, _) => {
                 let inj = *inj;
                 match tag {
                     b'1' | b'2' | b'3' => {
-                        self.pending.pop_front();
+                        match self.pending.pop_front() {
+                            Some(Unit::Parse(_, Some(d))) => self.keep_from(&d),
+                            Some(Unit::Close(_, Some(d))) => self.drop_upto(&d),
+                            _ => {}
+                        }
                         if let Some(Injected::Prepare(s)) = inj {
                             self.own.insert(s, Prepared::Yes);
                         }
@@ -418,18 +458,80 @@ impl Shared {
             b"ROLLBACK" => self.end_transaction(false),
             b"DISCARD ALL" => {
                 self.own.clear();
+                self.statements.clear();
                 self.apply(Effect::ResetAll);
             }
-            b"DEALLOCATE ALL" => self.own.clear(),
+            b"DEALLOCATE ALL" => {
+                self.own.clear();
+                // Also definitions sent after it and not confirmed yet: a name without
+                // any may run anything, so forgetting too much only refuses more.
+                self.statements.clear();
+            }
             _ => {}
         }
     }
 
     fn apply(&mut self, effect: Effect) {
-        if let Effect::Deallocate(s) = effect {
-            self.own.insert(s, Prepared::No);
+        match &effect {
+            Effect::Prepared(d) => self.keep_from(d),
+            Effect::Deallocated(d) => {
+                if let Some(s) = OwnStatement::named(&d.name) {
+                    self.own.insert(s, Prepared::No);
+                }
+                self.drop_upto(d);
+            }
+            _ => {}
         }
         effect.apply_to(&mut self.declared);
+    }
+
+    /// A definition of a client statement name, sent now; returns its number. Past
+    /// [`MAX_DEFINITIONS`] unconfirmed ones, the older ones become a single definition
+    /// that may write any fence (`Unanalysable` with no fences listed), numbered as the
+    /// newest of them so that confirming any of them keeps it.
+    pub fn define(&mut self, name: &str, batch: u64, analysis: Arc<Analysis>) -> Defined {
+        self.defined += 1;
+        let id = self.defined;
+        let defs = self.statements.entry(name.to_owned()).or_default();
+        if defs.len() >= MAX_DEFINITIONS
+            && let Some(newest) = defs.last().map(|d| (d.id, d.batch))
+        {
+            let anything = Stmt {
+                span: 0..0,
+                kind: StmtKind::Unanalysable { fences: Vec::new() },
+            };
+            defs.clear();
+            defs.push(Definition {
+                id: newest.0,
+                batch: newest.1,
+                analysis: Arc::new(Analysis {
+                    statements: vec![anything],
+                }),
+            });
+        }
+        defs.push(Definition { id, batch, analysis });
+        Defined {
+            name: name.to_owned(),
+            id,
+        }
+    }
+
+    /// Postgres confirmed definition `d`: the earlier ones of that name are gone.
+    fn keep_from(&mut self, d: &Defined) {
+        if let Some(defs) = self.statements.get_mut(&d.name) {
+            defs.retain(|def| def.id >= d.id);
+        }
+    }
+
+    /// Postgres confirmed a Close or `DEALLOCATE` sent after definition `d`: that one and
+    /// the earlier ones of the name are gone.
+    fn drop_upto(&mut self, d: &Defined) {
+        if let Some(defs) = self.statements.get_mut(&d.name) {
+            defs.retain(|def| def.id > d.id);
+            if defs.is_empty() {
+                self.statements.remove(&d.name);
+            }
+        }
     }
 
     /// The open transaction ended: its settings changes commit or roll back with it.
@@ -454,7 +556,7 @@ impl Shared {
 
     /// An ErrorResponse to an extended-protocol unit: Postgres now skips to Sync.
     fn extended_error(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
-        if let Some(Unit::Parse(Some(Injected::Prepare(s)))) = self.pending.front() {
+        if let Some(Unit::Parse(Some(Injected::Prepare(s)), _)) = self.pending.front() {
             let state = if name_taken(body) {
                 Prepared::Unknown
             } else {
@@ -474,7 +576,7 @@ impl Shared {
         while self.skipping {
             match self.pending.front() {
                 Some(Unit::Sync) | None => break,
-                Some(Unit::Parse(Some(Injected::Prepare(s)))) => {
+                Some(Unit::Parse(Some(Injected::Prepare(s)), _)) => {
                     self.own.insert(*s, Prepared::No);
                     self.pending.pop_front();
                 }

@@ -11,6 +11,7 @@ mod misread;
 mod model;
 mod own_statement;
 mod short_path;
+mod statement_names;
 mod tx_ends;
 mod writes;
 

@@ -1,0 +1,170 @@
+//! What a prepared statement's name runs is what Postgres holds under it: protocol Parse
+//! and SQL PREPARE share one namespace, and a Parse, PREPARE, Close or DEALLOCATE that
+//! fails or is skipped after an error changes nothing. A stale session cannot run a
+//! fenced write by name without the guard; each test has its control, the same
+//! messages straight to Postgres, where the stale write lands.
+
+use super::Fixture;
+use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, sync};
+
+const WRITE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+
+/// Lease at epoch 2; sessions declare 1.
+async fn at_epoch_two() -> Fixture {
+    let f = Fixture::new().await;
+    f.takeover("a").await;
+    f.takeover("b").await;
+    f
+}
+
+async fn stale(f: &Fixture, port: u16) -> Raw {
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("pgfence.epoch", "1"),
+    ];
+    let (raw, msgs) = Raw::startup(port, &params).await;
+    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+    raw
+}
+
+/// Sends `msgs` and reads up to the ReadyForQuery of each of `batches` requests; returns
+/// the error codes of each.
+async fn run(raw: &mut Raw, msgs: &[Vec<u8>], batches: usize) -> Vec<Vec<String>> {
+    raw.send(&msgs.concat()).await;
+    let mut out = Vec::new();
+    for _ in 0..batches {
+        out.push(codes(&raw.read_until(|m| m.tag == b'Z').await));
+    }
+    out
+}
+
+fn run_named(name: &str) -> Vec<Vec<u8>> {
+    vec![bind("", name, &[]), execute(""), sync()]
+}
+
+fn q(sql: &str) -> Vec<u8> {
+    crate::common::raw::query(sql)
+}
+
+/// A scenario: what it is, set-up messages and how many requests they answer, then the
+/// statement run by name. Through pgfence the last one is PF001; straight to Postgres it
+/// writes.
+type Scenario = (&'static str, Vec<Vec<u8>>, usize, Vec<Vec<u8>>);
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        (
+            "SQL PREPARE, run with Bind",
+            vec![q(&format!("PREPARE foo AS {WRITE}"))],
+            1,
+            run_named("foo"),
+        ),
+        (
+            "Parse, run with SQL EXECUTE",
+            vec![parse("foo", WRITE), sync()],
+            1,
+            vec![q("EXECUTE foo")],
+        ),
+        (
+            "a second Parse of the name fails (42P05)",
+            vec![parse("s1", WRITE), sync(), parse("s1", "SELECT 1"), sync()],
+            2,
+            run_named("s1"),
+        ),
+        (
+            "Close and Parse skipped after an error",
+            vec![
+                parse("s1", WRITE),
+                sync(),
+                parse("bad", "SELEC garbage"),
+                close_statement("s1"),
+                parse("s1", "SELECT 1"),
+                sync(),
+            ],
+            2,
+            run_named("s1"),
+        ),
+        (
+            "a second SQL PREPARE of the name fails (42P05)",
+            vec![q(&format!("PREPARE p AS {WRITE}")), q("PREPARE p AS SELECT 1")],
+            2,
+            vec![q("EXECUTE p")],
+        ),
+        (
+            "a DEALLOCATE in a failed transaction",
+            vec![
+                q(&format!("PREPARE p AS {WRITE}")),
+                q("BEGIN"),
+                q("SELECT 1/0"),
+                q("DEALLOCATE p"),
+                q("ROLLBACK"),
+            ],
+            5,
+            vec![q("EXECUTE p")],
+        ),
+        (
+            "a DEALLOCATE parsed and never executed",
+            vec![q(&format!("PREPARE p AS {WRITE}")), parse("d", "DEALLOCATE p"), sync()],
+            2,
+            vec![q("EXECUTE p")],
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn a_stale_write_run_by_name_is_always_guarded() {
+    for (how, setup, answers, run_it) in scenarios() {
+        let f = at_epoch_two().await;
+        let mut s = stale(&f, f.proxy.port()).await;
+        run(&mut s, &setup, answers).await;
+        let got = run(&mut s, &run_it, 1).await;
+        assert_eq!(got, [["PF001"]], "{how}");
+        assert_eq!(f.note().await.0, "init", "{how}");
+        // Control: the same messages straight to Postgres write.
+        let mut d = stale(&f, f.cluster.port()).await;
+        run(&mut d, &setup, answers).await;
+        let got = run(&mut d, &run_it, 1).await;
+        assert_eq!(got, [Vec::<String>::new()], "{how} (control)");
+        assert_eq!(f.note().await.0, "stale", "{how} (control)");
+    }
+}
+
+/// What clients do every day keeps working for a stale session's reads: a name closed and
+/// parsed again in one batch, the unnamed statement re-parsed in pipelined batches.
+#[tokio::test]
+async fn redefined_names_run_what_they_now_are() {
+    let f = at_epoch_two().await;
+    let mut s = stale(&f, f.proxy.port()).await;
+    let setup = vec![parse("s1", WRITE), sync()];
+    assert_eq!(run(&mut s, &setup, 1).await, [Vec::<String>::new()]);
+    let again = vec![
+        close_statement("s1"),
+        parse("s1", "SELECT 1"),
+        bind("", "s1", &[]),
+        execute(""),
+        sync(),
+    ];
+    assert_eq!(run(&mut s, &again, 1).await, [Vec::<String>::new()]);
+    // And in a later batch, once Postgres confirmed it.
+    assert_eq!(run(&mut s, &run_named("s1"), 1).await, [Vec::<String>::new()]);
+    // Ten pipelined batches, each re-parsing the unnamed statement: reads need no epoch,
+    // the writes among them are each refused.
+    let mut msgs = Vec::new();
+    for i in 0..10 {
+        let sql = if i % 3 == 0 { WRITE } else { "SELECT 1" };
+        msgs.extend([parse("", sql), bind("", "", &[]), execute(""), sync()]);
+    }
+    let got = run(&mut s, &msgs, 10).await;
+    let want: Vec<Vec<String>> = (0..10)
+        .map(|i| {
+            if i % 3 == 0 {
+                vec!["PF001".to_owned()]
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(f.note().await.0, "init");
+}
