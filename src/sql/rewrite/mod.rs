@@ -80,6 +80,11 @@ pub fn rewrite_lexing(
     rewrite_with_edits(stmt_sql, target, epoch, lexing).map(|(out, _)| out)
 }
 
+/// Longer statements are not rewritten: verifying one means parsing it whole with
+/// sqlparser, about 2 s per MB here, and that would stall every session on the runtime's
+/// thread. The classifier parses no more either (`classify::MAX_PARSE_BYTES`).
+pub const MAX_REWRITE_BYTES: usize = 64 * 1024;
+
 /// The rewrite and the edits that made it from `stmt_sql`, sorted by position.
 fn rewrite_with_edits(
     stmt_sql: &str,
@@ -87,6 +92,16 @@ fn rewrite_with_edits(
     epoch: Epoch,
     lexing: Lexing,
 ) -> Result<(String, Vec<dml::Edit>), Unsupported> {
+    if stmt_sql.len() > MAX_REWRITE_BYTES {
+        return Err(Unsupported {
+            reason: format!(
+                "pgfence: a statement of {} bytes is too long to rewrite and verify (at most {} KiB)",
+                stmt_sql.len(),
+                MAX_REWRITE_BYTES / 1024
+            ),
+            hint: "Write rewrite-mode tables in shorter statements: fewer rows per INSERT, or bind parameters.",
+        });
+    }
     let toks = toks::Toks::new(stmt_sql, lexing).ok_or_else(|| dml::shape("unbalanced parentheses"))?;
     refuse_commands(&toks)?;
     let mut rw = dml::Rw {

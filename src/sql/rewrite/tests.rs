@@ -15,6 +15,24 @@ fn rw(sql: &str) -> Result<String, Unsupported> {
 }
 
 #[test]
+fn statements_too_long_to_verify_are_refused() {
+    let row = "(1, 'x'), ";
+    let mut sql = String::from("INSERT INTO sweep_state (id, note) VALUES ");
+    while sql.len() <= MAX_REWRITE_BYTES {
+        sql.push_str(row);
+    }
+    sql.push_str("(1, 'x')");
+    let e = rw(&sql).unwrap_err();
+    assert!(e.reason.contains("too long"), "{}", e.reason);
+    // Just under the limit it is rewritten.
+    let mut short = String::from("INSERT INTO sweep_state (id, note) VALUES (1, 'x')");
+    while short.len() + row.len() < MAX_REWRITE_BYTES {
+        short.push_str(", (1, 'x')");
+    }
+    assert!(rw(&short).unwrap().contains("last_epoch"));
+}
+
+#[test]
 fn rewrites_are_text_edits() {
     let cases = [
         (
