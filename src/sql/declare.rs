@@ -13,7 +13,7 @@
 //! RESET pgfence.{epoch|fence}     RESET ALL     DISCARD ALL
 //! ```
 
-use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value, unicode_ident_value};
+use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value, uescape_char, unicode_ident_value};
 
 /// Which pgfence setting a declaration is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,16 +158,7 @@ fn name_part(stmt: &str, toks: &[Token], i: usize) -> Option<(String, usize)> {
     if !toks.get(i + 1).is_some_and(|u| u.is_word(stmt, "uescape")) {
         return Some((unicode_ident_value(stmt, t, '\\')?, i + 1));
     }
-    let e = toks.get(i + 2).filter(|e| e.kind == TokenKind::String)?;
-    let mut chars = stmt
-        .get(e.span.clone())?
-        .strip_prefix('\'')?
-        .strip_suffix('\'')?
-        .chars();
-    let escape = match (chars.next(), chars.next()) {
-        (Some(c), None) if !c.is_ascii_hexdigit() && !matches!(c, '+' | '\'' | '"') && !c.is_whitespace() => c,
-        _ => return None,
-    };
+    let escape = uescape_char(stmt, toks.get(i + 2)?)?;
     Some((unicode_ident_value(stmt, t, escape)?, i + 3))
 }
 
@@ -285,6 +276,8 @@ mod tests {
                 "SET U&\"pgfence.!0065poch\" UESCAPE '!' = 4",
                 set(Epoch, Session, Some("4")),
             ),
+            // Postgres refuses an escape character that is not one byte.
+            ("SET U&\"pgfence.é0065poch\" UESCAPE 'é' = 4", None),
             ("SET \"pgfence.epoch\".x = 1", None),
             ("SET \"pgfence . epoch\" = 1", None),
             ("SET SESSION AUTHORIZATION bob", None),

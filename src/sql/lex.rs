@@ -10,9 +10,13 @@
 //! It follows `scan.l` of Postgres: nested `/* */` comments, `--` comments,
 //! `'…'` strings with `''` escapes (and backslash escapes when
 //! `standard_conforming_strings` is off), `E'…'` strings, `U&'…'` strings,
-//! `"…"` and `U&"…"` identifiers, dollar quotes (`$$…$$`, `$tag$…$tag$`) and
-//! positional parameters (`$1`). Anything unterminated runs to the end of the
-//! text, which is what Postgres does before it reports the syntax error.
+//! `B'…'` and `X'…'` strings (where `''` is no escape), `"…"` and `U&"…"`
+//! identifiers, dollar quotes (`$$…$$`, `$tag$…$tag$`) and positional
+//! parameters (`$1`). A `'…'` literal of any kind continues over whitespace
+//! that holds a newline (and may hold `--` comments) into a next `'…'`, which
+//! is read by the first one's rules: `E'a'` newline `'\''` is one escape
+//! string. Anything unterminated runs to the end of the text, which is what
+//! Postgres does before it reports the syntax error.
 
 use std::ops::Range;
 
@@ -45,11 +49,13 @@ pub enum TokenKind {
     /// A `"quoted identifier"`, kept as written (with `""` escapes).
     QuotedIdent,
     /// A `U&"…"` identifier: its name depends on its escapes and on a
-    /// `UESCAPE` clause after it. Where a name decides what a statement may
-    /// write, callers assume it could be any name; [`unicode_ident_value`]
-    /// decodes it where a mistake could not hide a write (savepoint names).
+    /// `UESCAPE` clause after it. Where a table name decides what a statement
+    /// may write, callers assume it could be any name; [`unicode_ident_value`]
+    /// decodes the names of savepoints, prepared statements and EXPLAIN
+    /// options, whose callers fail closed where it cannot.
     UnicodeIdent,
-    /// A plain `'…'` string, or `B'…'`, `X'…'`, `N'…'`.
+    /// A plain `'…'` string, or `B'…'`, `X'…'`, `N'…'`. Like the other
+    /// string kinds, it may be continued: `'a'` newline `'b'` is one token.
     String,
     /// An `E'…'` string, where backslash escapes apply.
     EscapeString,
@@ -152,6 +158,27 @@ pub fn unicode_ident_value(sql: &str, token: &Token, escape: char) -> Option<Str
     Some(out)
 }
 
+/// The escape character a `UESCAPE 'c'` clause gives, from its string token.
+/// `None` where Postgres refuses it: not one byte, a hex digit, `+`, a quote
+/// or whitespace (or a string this does not read, such as a continued one).
+pub fn uescape_char(sql: &str, token: &Token) -> Option<char> {
+    if token.kind != TokenKind::String {
+        return None;
+    }
+    let text = sql.get(token.span.clone())?;
+    let refused = |b: u8| {
+        b.is_ascii_hexdigit()
+            || matches!(
+                b,
+                b'+' | b'\'' | b'"' | b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c'
+            )
+    };
+    match text.strip_prefix('\'')?.strip_suffix('\'')?.as_bytes() {
+        &[b] if b.is_ascii() && !refused(b) => Some(char::from(b)),
+        _ => None,
+    }
+}
+
 /// Truncates `s` to [`MAX_IDENT_BYTES`] on a char boundary, as Postgres does
 /// (with a NOTICE) for over-long identifiers.
 pub fn truncate_ident(s: &mut String) {
@@ -164,12 +191,45 @@ pub fn truncate_ident(s: &mut String) {
     }
 }
 
+/// Whether `sql` has a string literal that sqlparser's tokenizer reads as
+/// other tokens than Postgres, so that its parse of `sql` cannot be trusted:
+/// one continued over a newline (`E'a'` newline `'\' --'` is one escape
+/// string to Postgres, two strings and a comment to sqlparser), or, with
+/// `standard_conforming_strings` off, a plain string with a backslash (an
+/// escape to Postgres, a literal backslash to sqlparser).
+pub fn sqlparser_misreads(sql: &str, lexing: Lexing) -> bool {
+    let mut lexer = Lexer::new(sql, lexing);
+    while let Some(t) = lexer.next() {
+        let escapes = !lexing.standard_conforming_strings
+            && t.kind == TokenKind::String
+            && sql.get(t.span).is_some_and(|s| s.contains('\\'));
+        if escapes || lexer.continued {
+            return true;
+        }
+    }
+    false
+}
+
+/// How the body of a `'…'` literal is read, as in Postgres' lexer states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// `''` is a quote; backslashes are content (`xq`, `xus`).
+    Plain,
+    /// `''` is a quote and a backslash escapes the next byte (`xe`).
+    Escapes,
+    /// The first `'` ends the segment (`xb`, `xh`: `B'1''0'` is `B'1'`
+    /// followed by `'0'`).
+    Bits,
+}
+
 /// Iterates over the tokens of a text, skipping whitespace and comments.
 #[derive(Debug, Clone)]
 pub struct Lexer<'a> {
     bytes: &'a [u8],
     pos: usize,
     lexing: Lexing,
+    /// Whether a string literal read so far was continued.
+    continued: bool,
 }
 
 impl<'a> Lexer<'a> {
@@ -179,6 +239,7 @@ impl<'a> Lexer<'a> {
             bytes: sql.as_bytes(),
             pos: 0,
             lexing,
+            continued: false,
         }
     }
 
@@ -222,24 +283,66 @@ impl<'a> Lexer<'a> {
         }
     }
 
-    /// Reads a quoted run opened at `self.pos` by `quote`; `backslash` says
-    /// whether a backslash escapes the next byte. Doubled quotes escape.
-    fn quoted(&mut self, quote: u8, backslash: bool) {
+    /// Reads a `"…"` identifier opened at `self.pos`; `""` is a quote.
+    fn quoted_ident(&mut self) {
         self.pos += 1;
         while let Some(b) = self.at(self.pos) {
             self.pos += 1;
-            if b == b'\\' && backslash {
+            if b == b'"' {
+                if self.at(self.pos) == Some(b'"') {
+                    self.pos += 1;
+                } else {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads a `'…'` literal opened at `self.pos`, with its continuations:
+    /// Postgres reads every segment by the rules of the first (`body`).
+    fn string(&mut self, body: Body) {
+        self.pos += 1;
+        while let Some(b) = self.at(self.pos) {
+            self.pos += 1;
+            if b == b'\\' && body == Body::Escapes {
                 // Skip the escaped byte only if it is ASCII, so we never stop
                 // inside a multi-byte char; a non-ASCII byte is content anyway.
                 if self.at(self.pos).is_some_and(|n| n.is_ascii()) {
                     self.pos += 1;
                 }
-            } else if b == quote {
-                if self.at(self.pos) == Some(quote) {
+            } else if b == b'\'' {
+                if body != Body::Bits && self.at(self.pos) == Some(b'\'') {
                     self.pos += 1;
+                } else if let Some(next) = self.continuation() {
+                    self.continued = true;
+                    self.pos = next + 1;
                 } else {
                     return;
                 }
+            }
+        }
+    }
+
+    /// Just after a literal's closing quote: where the quote that continues it
+    /// is, if one does. Postgres' `quotecontinue`: whitespace and `--`
+    /// comments with at least one newline (`\n` or `\r`) between the quotes.
+    fn continuation(&self) -> Option<usize> {
+        let mut i = self.pos;
+        let mut newline = false;
+        loop {
+            match self.at(i)? {
+                b' ' | b'\t' | b'\x0b' | b'\x0c' => i += 1,
+                b'\n' | b'\r' => {
+                    newline = true;
+                    i += 1;
+                }
+                b'-' if self.at(i + 1) == Some(b'-') => {
+                    while !matches!(self.at(i), None | Some(b'\n' | b'\r')) {
+                        i += 1;
+                    }
+                }
+                b'\'' if newline => return Some(i),
+                _ => return None,
             }
         }
     }
@@ -284,17 +387,16 @@ impl<'a> Lexer<'a> {
         if word.len() == 1 && next == Some(b'\'') {
             match word[0].to_ascii_lowercase() {
                 b'e' => {
-                    self.quoted(b'\'', true);
+                    self.string(Body::Escapes);
                     return TokenKind::EscapeString;
                 }
-                // National strings follow the plain-string rules; bit
-                // strings never process backslashes.
+                // National strings follow the plain-string rules.
                 b'n' => {
-                    self.quoted(b'\'', !self.lexing.standard_conforming_strings);
+                    self.string(self.plain_body());
                     return TokenKind::String;
                 }
                 b'b' | b'x' => {
-                    self.quoted(b'\'', false);
+                    self.string(Body::Bits);
                     return TokenKind::String;
                 }
                 _ => {}
@@ -304,12 +406,12 @@ impl<'a> Lexer<'a> {
             match self.at(self.pos + 1) {
                 Some(b'\'') => {
                     self.pos += 1;
-                    self.quoted(b'\'', false);
+                    self.string(Body::Plain);
                     return TokenKind::UnicodeString;
                 }
                 Some(b'"') => {
                     self.pos += 1;
-                    self.quoted(b'"', false);
+                    self.quoted_ident();
                     return TokenKind::UnicodeIdent;
                 }
                 _ => {}
@@ -330,11 +432,11 @@ impl Iterator for Lexer<'_> {
         let b = self.bytes[start];
         let kind = match b {
             b'\'' => {
-                self.quoted(b'\'', !self.lexing.standard_conforming_strings);
+                self.string(self.plain_body());
                 TokenKind::String
             }
             b'"' => {
-                self.quoted(b'"', false);
+                self.quoted_ident();
                 TokenKind::QuotedIdent
             }
             b'$' => self.dollar(),
@@ -354,6 +456,16 @@ impl Iterator for Lexer<'_> {
 }
 
 impl Lexer<'_> {
+    /// How a plain `'…'` (or `N'…'`) string is read: Postgres reads it as an
+    /// escape string when `standard_conforming_strings` is off.
+    fn plain_body(&self) -> Body {
+        if self.lexing.standard_conforming_strings {
+            Body::Plain
+        } else {
+            Body::Escapes
+        }
+    }
+
     /// Reads a number loosely: digits, `.`, letters (exponents, `0x`, `_`).
     /// `1..2` never occurs in valid SQL, so over-reading is harmless.
     fn number(&mut self) -> TokenKind {
@@ -426,6 +538,79 @@ mod tests {
         };
         let off: Vec<_> = Lexer::new(sql, off).map(|t| t.kind).collect();
         assert_eq!(off, vec![TokenKind::String, TokenKind::Punct(b';'), TokenKind::Word]);
+    }
+
+    #[test]
+    fn literals_continue_over_newlines_by_the_first_segments_rules() {
+        use TokenKind::*;
+        let cases: &[(&str, &[(TokenKind, &str)])] = &[
+            // `\'` does not end the second segment of an escape string.
+            (
+                "E'x'\n'\\'; SELECT 1; --' ; UPDATE",
+                &[
+                    (EscapeString, "E'x'\n'\\'; SELECT 1; --'"),
+                    (Punct(b';'), ";"),
+                    (Word, "UPDATE"),
+                ],
+            ),
+            ("E'a'\r'b'", &[(EscapeString, "E'a'\r'b'")]),
+            ("'a'\n'\\' x", &[(String, "'a'\n'\\'"), (Word, "x")]),
+            ("U&'a'\n'\\' x", &[(UnicodeString, "U&'a'\n'\\'"), (Word, "x")]),
+            ("x'1'\n'f' y", &[(String, "x'1'\n'f'"), (Word, "y")]),
+            // Comments and any whitespace may surround the newline.
+            (
+                "'a' -- c\n\t-- d\r\n 'b' x",
+                &[(String, "'a' -- c\n\t-- d\r\n 'b'"), (Word, "x")],
+            ),
+            ("'a'\x0b\n\x0c'b'", &[(String, "'a'\x0b\n\x0c'b'")]),
+            ("'a'\n'''b'", &[(String, "'a'\n'''b'")]),
+            ("'a'\n''", &[(String, "'a'\n''")]),
+            // No newline, a block comment, or no quote after: no continuation.
+            ("'a' 'b'", &[(String, "'a'"), (String, "'b'")]),
+            ("'a' /* c */\n'b'", &[(String, "'a'"), (String, "'b'")]),
+            ("'a'\n-", &[(String, "'a'"), (Punct(b'-'), "-")]),
+            ("'a'\n-- 'b'", &[(String, "'a'")]),
+            // Quoted identifiers and dollar quotes never continue.
+            ("\"a\"\n\"b\"", &[(QuotedIdent, "\"a\""), (QuotedIdent, "\"b\"")]),
+            ("$$a$$\n'b'", &[(DollarString, "$$a$$"), (String, "'b'")]),
+            // In bit strings `''` is no quote: `B'1'` ends at its second quote.
+            ("B'1''0'", &[(String, "B'1'"), (String, "'0'")]),
+            ("b'1'\n'0''x'", &[(String, "b'1'\n'0'"), (String, "'x'")]),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(kinds(sql), *want, "{sql:?}");
+        }
+        let off = Lexing {
+            standard_conforming_strings: false,
+        };
+        for sql in ["'a'\n'\\' x --'", "N'a'\n'\\' x --'"] {
+            let toks: Vec<_> = Lexer::new(sql, off).map(|t| (t.kind, t.span)).collect();
+            assert_eq!(toks, vec![(TokenKind::String, 0..sql.len())], "{sql:?}");
+        }
+    }
+
+    #[test]
+    fn sqlparser_misreads_continued_literals_and_escapes_it_does_not_know() {
+        let off = Lexing {
+            standard_conforming_strings: false,
+        };
+        assert!(sqlparser_misreads("SELECT 'a'\n'b'", Lexing::default()));
+        assert!(sqlparser_misreads("SELECT 'a\\b'", off));
+        assert!(!sqlparser_misreads("SELECT 'a\\b'", Lexing::default()));
+        assert!(!sqlparser_misreads("SELECT E'a\\b', 'c'\n, 'd' -- 'e'", off));
+    }
+
+    #[test]
+    fn uescape_characters_are_single_bytes_postgres_accepts() {
+        let escape = |sql: &str| {
+            let t = Lexer::new(sql, Lexing::default()).next()?;
+            uescape_char(sql, &t)
+        };
+        assert_eq!(escape("'!'"), Some('!'));
+        assert_eq!(escape("'\\'"), Some('\\'));
+        for refused in ["'é'", "'a'", "'+'", "' '", "'\"'", "'!!'", "''", "E'!'", "'!'\n''"] {
+            assert_eq!(escape(refused), None, "{refused}");
+        }
     }
 
     #[test]

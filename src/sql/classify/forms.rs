@@ -6,7 +6,7 @@ use std::iter::Peekable;
 use std::ops::Range;
 
 use super::{Ctx, Hits, SavepointOp, StmtKind};
-use crate::sql::lex::{Lexer, Lexing, Token, TokenKind, ident_value, unicode_ident_value};
+use crate::sql::lex::{Lexer, Lexing, Token, TokenKind, ident_value, uescape_char, unicode_ident_value};
 use crate::sql::name::TableName;
 
 /// A peekable token stream over one statement's text.
@@ -68,26 +68,19 @@ impl<'a> Cur<'a> {
         ident_value(self.text, &t)
     }
 
-    /// A savepoint name: an identifier, or a `U&"…"` one with its optional
-    /// `UESCAPE 'c'`. Only names that cannot hide a write are decoded this way:
-    /// table names stay unreadable in that form, so they fail closed.
-    fn savepoint_name(&mut self) -> Option<String> {
+    /// The name of a savepoint, a prepared statement or an EXPLAIN option: an
+    /// identifier, or a `U&"…"` one with its optional `UESCAPE 'c'`, decoded
+    /// as Postgres does. `None` if there is none or it cannot be decoded (a
+    /// `U&"…"` one may then have been consumed). Table names are not read
+    /// this way: they stay unreadable in that form, so they fail closed.
+    fn decoded_ident(&mut self) -> Option<String> {
         let text = self.text;
         let Some(t) = self.toks.next_if(|t| t.kind == TokenKind::UnicodeIdent) else {
             return self.ident();
         };
         let mut escape = '\\';
         if self.eat_word("uescape") {
-            let e = self.toks.next_if(|t| t.kind == TokenKind::String)?;
-            let mut chars = text
-                .get(e.span.clone())?
-                .strip_prefix('\'')?
-                .strip_suffix('\'')?
-                .chars();
-            escape = match (chars.next(), chars.next()) {
-                (Some(c), None) if !c.is_ascii_hexdigit() && !matches!(c, '+' | '\'' | '"') && !c.is_whitespace() => c,
-                _ => return None,
-            };
+            escape = uescape_char(text, &self.toks.next()?)?;
         }
         unicode_ident_value(text, &t, escape)
     }
@@ -127,7 +120,7 @@ impl Ctx<'_> {
         if c.peek_is_word("transaction") {
             return StmtKind::EndTransaction { commit: true };
         }
-        let Some(name) = c.ident() else {
+        let Some(name) = c.decoded_ident() else {
             return self.unanalysable_if_named(&span);
         };
         if c.eat_punct(b'(') && !c.skip_parens() {
@@ -185,7 +178,7 @@ impl Ctx<'_> {
         let name = if keyword && c.done() {
             "savepoint".to_owned()
         } else {
-            match c.savepoint_name() {
+            match c.decoded_ident() {
                 Some(name) => name,
                 None => return StmtKind::Other,
             }
@@ -201,13 +194,15 @@ impl Ctx<'_> {
     pub(super) fn execute(&self, span: &Range<usize>) -> StmtKind {
         let mut c = Cur::new(self.text(span), self.lexing);
         c.toks.next();
-        match c.ident() {
+        match c.decoded_ident() {
             Some(name) => StmtKind::Execute { name },
             None => self.unanalysable_if_named(span),
         }
     }
 
-    /// `DEALLOCATE [PREPARE] {name | ALL}`.
+    /// `DEALLOCATE [PREPARE] {name | ALL}`. A name that cannot be read is
+    /// refused (every fence, PF004): it could be one of pgfence's statements,
+    /// which a client must not drop and replace with its own.
     pub(super) fn deallocate(&self, span: &Range<usize>) -> StmtKind {
         let mut c = Cur::new(self.text(span), self.lexing);
         c.toks.next();
@@ -223,9 +218,13 @@ impl Ctx<'_> {
         if c.peek_is_word("all") {
             return StmtKind::Deallocate { name: None };
         }
-        match c.ident() {
+        match c.decoded_ident() {
             Some(name) => StmtKind::Deallocate { name: Some(name) },
-            None => StmtKind::Other,
+            None => Hits {
+                all: true,
+                ..Hits::default()
+            }
+            .into_unanalysable(self.fences),
         }
     }
 
@@ -305,38 +304,62 @@ impl Ctx<'_> {
 }
 
 /// Reads `option [value], … )` after `EXPLAIN (`; returns whether ANALYZE
-/// is on. Unknown values count as on (fail closed); `None` if unbalanced.
+/// may be on (the last ANALYZE option decides, as in Postgres). `None` if
+/// unbalanced.
+///
+/// Option names are identifiers: `"analyze"` is ANALYZE too. A name that only
+/// may be ANALYZE (`"ANALYZE"`, which Postgres refuses, or an undecodable
+/// `U&"…"`) can turn it on but never off; a value counts as off only in a
+/// spelling Postgres reads as false, anything else as on (fail closed).
 fn explain_options(c: &mut Cur<'_>) -> Option<bool> {
     let text = c.text;
     let mut analyze = false;
     loop {
-        let opt = c.toks.next()?;
-        let is_analyze = opt.is_word(text, "analyze") || opt.is_word(text, "analyse");
-        let mut value: Option<Token> = None;
-        loop {
+        let name = c.decoded_ident();
+        let exact = name.as_deref().is_some_and(|n| n == "analyze" || n == "analyse");
+        let maybe = name
+            .as_deref()
+            .is_none_or(|n| n.eq_ignore_ascii_case("analyze") || n.eq_ignore_ascii_case("analyse"));
+        // The value: the tokens up to the next `,` or `)`; false only as one token.
+        let (mut value, mut tokens) = (None, 0usize);
+        let end = loop {
             let t = c.toks.next()?;
             if t.is_punct(b',') || t.is_punct(b')') {
-                if is_analyze {
-                    analyze = !value.as_ref().is_some_and(|v| is_false(text, v));
-                }
-                if t.is_punct(b')') {
-                    return Some(analyze);
-                }
-                break;
+                break t;
             }
             if t.is_punct(b'(') {
                 return None;
             }
+            tokens += 1;
             value = Some(t);
+        };
+        let off = tokens == 1 && value.as_ref().is_some_and(|v| is_false(text, v));
+        if exact {
+            analyze = !off;
+        } else if maybe && !off {
+            analyze = true;
+        }
+        if end.is_punct(b')') {
+            return Some(analyze);
         }
     }
 }
 
-/// Whether a boolean option value is false, as Postgres' `defGetBoolean` reads it.
+/// Whether a boolean option value is one Postgres' `defGetBoolean` reads as
+/// false: `false` or `off` as a word, quoted identifier or plain string (any
+/// case), or the integer `0`.
 fn is_false(text: &str, v: &Token) -> bool {
     let raw = text.get(v.span.clone()).unwrap_or("");
-    let raw = raw.trim_matches('\'');
-    ["false", "off", "0"].iter().any(|f| raw.eq_ignore_ascii_case(f))
+    let word = match v.kind {
+        TokenKind::Number => return raw == "0",
+        TokenKind::Word | TokenKind::QuotedIdent => ident_value(text, v),
+        TokenKind::String => raw
+            .strip_prefix('\'')
+            .and_then(|r| r.strip_suffix('\''))
+            .map(str::to_owned),
+        _ => None,
+    };
+    word.is_some_and(|w| w.eq_ignore_ascii_case("false") || w.eq_ignore_ascii_case("off"))
 }
 
 /// `CREATE TABLE … AS EXECUTE name` runs a prepared statement.
@@ -344,22 +367,23 @@ pub(super) fn as_execute(text: &str, lexing: Lexing) -> Option<String> {
     let mut c = Cur::new(text, lexing);
     while let Some(t) = c.toks.next() {
         if t.is_word(text, "as") && c.eat_word("execute") {
-            return c.ident();
+            return c.decoded_ident();
         }
     }
     None
 }
 
-/// Whether a data-modifying keyword appears outside strings (`FOR UPDATE` and
-/// `FOR NO KEY UPDATE` are row locks, not writes).
+/// Whether a data-modifying keyword appears outside strings. Only `FOR UPDATE`
+/// and `FOR NO KEY UPDATE` are row locks: `key` alone is a legal column name,
+/// and `… CYCLE n SET c USING key UPDATE t …` runs an UPDATE (`FOR` is
+/// reserved, so it cannot end a WITH clause that way).
 pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
-    let mut prev: Option<Token> = None;
+    // The three tokens before the current one, the last one last.
+    let mut prev: [Option<Token>; 3] = [None, None, None];
     for t in Lexer::new(text, lexing) {
         if t.kind == TokenKind::Word {
-            let lock = t.is_word(text, "update")
-                && prev
-                    .as_ref()
-                    .is_some_and(|p| p.is_word(text, "for") || p.is_word(text, "key"));
+            let is = |i: usize, kw: &str| prev[i].as_ref().is_some_and(|p| p.is_word(text, kw));
+            let lock = t.is_word(text, "update") && (is(2, "for") || (is(0, "for") && is(1, "no") && is(2, "key")));
             let dml = ["insert", "update", "delete", "merge", "truncate", "copy"]
                 .iter()
                 .any(|k| t.is_word(text, k));
@@ -367,9 +391,22 @@ pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
                 return true;
             }
         }
-        prev = Some(t);
+        prev.rotate_left(1);
+        prev[2] = Some(t);
     }
     false
+}
+
+/// Whether a DROP or ALTER may change fenced tables it does not name: `DROP
+/// OWNED BY` drops whatever a role owns, and `CASCADE` also drops or alters
+/// what depends on the objects named, such as the columns of a type or domain
+/// (`DROP TYPE mood CASCADE`), a table's foreign keys or the tables of a
+/// composite type (`ALTER TYPE … CASCADE`). Any word `cascade` counts: one
+/// that is a name only makes the statement count as a write to every fence.
+pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    c.toks.next();
+    c.peek_is_word("owned") || c.toks.any(|t| t.is_word(text, "cascade"))
 }
 
 /// The tables a DML/DDL statement sqlparser could not parse changes, read

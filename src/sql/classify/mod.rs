@@ -17,7 +17,9 @@
 //!    Postgres allows a data-modifying WITH only at the top.
 //! 4. **sqlparser** (PostgreSqlDialect) for the rest, with a token-based
 //!    fallback for what it cannot parse (`WHERE CURRENT OF`, `FOR NO KEY
-//!    UPDATE`, over-long statements).
+//!    UPDATE`, over-long statements) or would tokenize differently from
+//!    Postgres (continued string literals, backslashes in plain strings with
+//!    `standard_conforming_strings` off).
 //!
 //! Writes the statement does not name (functions, triggers, rules, foreign-key
 //! cascades, updatable views) are invisible here by design; the docs say so.
@@ -33,7 +35,7 @@ use std::sync::Arc;
 
 use super::cache::BoundedMap;
 use super::declare::{self, Declaration};
-use super::lex::{Lexer, Lexing, TokenKind, ident_value};
+use super::lex::{self, Lexer, Lexing, TokenKind, ident_value};
 use super::name::TableName;
 use super::split;
 
@@ -308,11 +310,18 @@ impl<'a> Ctx<'a> {
         {
             return StmtKind::Execute { name };
         }
-        // TRUNCATE … CASCADE and DROP/ALTER SCHEMA reach fenced tables they
-        // do not name; these commands are rare, so they skip the pre-filter.
+        // TRUNCATE … CASCADE, DROP/ALTER SCHEMA and the commands below reach
+        // fenced tables they do not name; they are rare, so they skip the pre-filter.
         let ddl = matches!(first, "truncate" | "drop" | "alter");
         if (!ddl || self.fences.is_empty()) && !self.may_name_fence(&span) {
             return StmtKind::Other;
+        }
+        if matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing) {
+            let all = Hits {
+                all: true,
+                ..Hits::default()
+            };
+            return all.into_write(self.fences);
         }
         if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
             return StmtKind::Other;
@@ -320,7 +329,7 @@ impl<'a> Ctx<'a> {
         if let Some(kind) = self.plain_dml(&span, first) {
             return kind;
         }
-        if text.len() > MAX_PARSE_BYTES {
+        if text.len() > MAX_PARSE_BYTES || lex::sqlparser_misreads(text, self.lexing) {
             return self.fallback(&span, first);
         }
         self.parsed = true;

@@ -52,6 +52,9 @@ const ROWS: &[(&str, &str)] = &[
     ("SELECT * FROM invoices", "other"),
     ("SELECT * FROM invoices FOR UPDATE", "other"),
     ("SELECT * FROM invoices FOR NO KEY UPDATE", "other"),
+    ("SELECT * FROM invoices FOR KEY SHARE", "other"),
+    ("SELECT * FROM invoices FOR SHARE OF invoices NOWAIT", "other"),
+    ("SELECT 'a'\n'b' FROM invoices", "other"),
     ("SELECT * INTO new_t FROM invoices", "other"),
     ("TABLE invoices", "other"),
     ("VALUES (1)", "other"),
@@ -134,8 +137,24 @@ const ROWS: &[(&str, &str)] = &[
         "other",
     ),
     ("DROP TABLE invoices", "write:invoices"),
-    ("DROP TABLE IF EXISTS other, invoices CASCADE", "write:invoices"),
-    ("DROP SCHEMA billing CASCADE", "write:ledger"),
+    ("DROP TABLE IF EXISTS other, invoices", "write:invoices"),
+    ("DROP SCHEMA billing", "write:ledger"),
+    // CASCADE reaches whatever depends on the objects dropped (a column of a
+    // dropped type, a foreign key), DROP OWNED whatever a role owns.
+    (
+        "DROP TABLE IF EXISTS other, invoices CASCADE",
+        "write:invoices,ledger,Mixed",
+    ),
+    ("DROP SCHEMA billing CASCADE", "write:invoices,ledger,Mixed"),
+    ("DROP TYPE mood CASCADE", "write:invoices,ledger,Mixed"),
+    ("drop function f(int) cascade", "write:invoices,ledger,Mixed"),
+    ("DROP OWNED BY bob", "write:invoices,ledger,Mixed"),
+    (
+        "ALTER TYPE addr DROP ATTRIBUTE zip CASCADE",
+        "write:invoices,ledger,Mixed",
+    ),
+    ("DROP TYPE mood", "other"),
+    ("REASSIGN OWNED BY bob TO alice", "other"),
     ("ALTER SCHEMA billing RENAME TO b2", "write:ledger"),
     ("DROP VIEW invoices_v", "other"),
     ("DROP INDEX invoices_idx", "other"),
@@ -180,6 +199,18 @@ const ROWS: &[(&str, &str)] = &[
         "WITH a AS (UPDATE ledger SET x = 1 RETURNING *), b AS (DELETE FROM invoices) TABLE a",
         "write:invoices,ledger",
     ),
+    // `key` is a column name here, not part of `FOR NO KEY UPDATE`; sqlparser
+    // cannot parse CYCLE / SEARCH, so these fail closed.
+    (
+        "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM t WHERE n<2) \
+         CYCLE n SET is_cycle USING key UPDATE invoices SET v=v+1 WHERE id=1",
+        "pf004:0",
+    ),
+    (
+        "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM t WHERE n<2) \
+         SEARCH DEPTH FIRST BY n SET key UPDATE invoices SET v=v+1 WHERE id=1",
+        "pf004:0",
+    ),
     // EXPLAIN.
     ("EXPLAIN DELETE FROM invoices", "other"),
     ("EXPLAIN ANALYZE DELETE FROM invoices", "write:invoices"),
@@ -201,6 +232,31 @@ const ROWS: &[(&str, &str)] = &[
         "write:invoices",
     ),
     ("EXPLAIN (ANALYZE DELETE FROM invoices", "pf004:0"),
+    // Option names are identifiers; values other than a false spelling are on.
+    ("EXPLAIN (\"analyze\") UPDATE invoices SET a = 1", "write:invoices"),
+    ("EXPLAIN (\"analyse\" true) DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (U&\"\\0061nalyze\") DELETE FROM invoices", "write:invoices"),
+    (
+        "EXPLAIN (U&\"!0061nalyze\" UESCAPE '!' on) DELETE FROM invoices",
+        "write:invoices",
+    ),
+    ("EXPLAIN (analyze on) DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (analyze 1) DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (ANALYZE 0.0) DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (ANALYZE - 0) DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (ANALYZE 'of'\n'f') DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (ANALYZE 0) DELETE FROM invoices", "other"),
+    ("EXPLAIN (ANALYZE \"OFF\") DELETE FROM invoices", "other"),
+    ("EXPLAIN (ANALYZE 'False') DELETE FROM invoices", "other"),
+    ("EXPLAIN (ANALYZE, ANALYZE false) DELETE FROM invoices", "other"),
+    // Names that may only be ANALYZE turn it on, never off.
+    ("EXPLAIN (\"ANALYZE\") DELETE FROM invoices", "write:invoices"),
+    ("EXPLAIN (U&\"\\0000\") DELETE FROM invoices", "write:invoices"),
+    (
+        "EXPLAIN (ANALYZE, \"Analyze\" off) DELETE FROM invoices",
+        "write:invoices",
+    ),
+    ("EXPLAIN (VERBOSE, \"costs\" off) DELETE FROM invoices", "other"),
     // SQL-level prepared statements.
     ("PREPARE p AS DELETE FROM invoices", "prepare p:write:invoices"),
     (
@@ -215,6 +271,20 @@ const ROWS: &[(&str, &str)] = &[
     ("DEALLOCATE p", "deallocate p"),
     ("DEALLOCATE PREPARE \"P\"", "deallocate P"),
     ("DEALLOCATE ALL", "deallocate all"),
+    // U&"…" statement names decode as Postgres decodes them; unreadable ones fail closed.
+    (
+        "PREPARE U&\"\\0070\" AS DELETE FROM invoices",
+        "prepare p:write:invoices",
+    ),
+    ("EXECUTE U&\"\\0070\"(1)", "execute p"),
+    ("EXPLAIN ANALYZE EXECUTE U&\"!0070\" UESCAPE '!'", "execute p"),
+    ("CREATE TABLE t2 AS EXECUTE U&\"\\0070\"", "execute p"),
+    ("DEALLOCATE U&\"pgfence_guard_v1\"", "deallocate pgfence_guard_v1"),
+    ("DEALLOCATE PREPARE U&\"P!0031\" UESCAPE '!'", "deallocate P1"),
+    ("PREPARE U&\"\\D800\" AS SELECT 1", "pf004:0,1,2"),
+    ("EXECUTE U&\"\\0000\"", "pf004:0,1,2"),
+    ("DEALLOCATE U&\"\\0000\"", "pf004:0,1,2"),
+    ("DEALLOCATE U&\"p\" UESCAPE 'é'", "pf004:0,1,2"),
     // CALL / DO.
     ("CALL purge()", "other"),
     ("CALL purge('invoices')", "pf004:0"),
@@ -285,6 +355,28 @@ const ROWS: &[(&str, &str)] = &[
     ("SELECT 1; DELETE FROM invoices -- ; x", "other | write:invoices"),
     ("SELECT 'ü;'; DELETE FROM invoices", "other | write:invoices"),
     ("SELECT E'\\';DELETE FROM invoices'", "other"),
+    // A literal continued over a newline keeps the first segment's kind: `\'`
+    // does not end the escape string's second segment.
+    (
+        "SELECT E'x'\n'\\'; SELECT 1; --' ; UPDATE invoices SET v = v + 100 WHERE id = 1",
+        "other | write:invoices",
+    ),
+    (
+        "SELECT E'x' -- c\n  -- d\n'\\'; SELECT 1; --'\n; DELETE FROM invoices",
+        "other | write:invoices",
+    ),
+    (
+        "SELECT U&'x'\n'\\'; DELETE FROM invoices; --'",
+        "other | write:invoices",
+    ),
+    // Without a newline between them, two literals stay two (a syntax error).
+    ("SELECT E'x' '\\'; DELETE FROM invoices; --'", "other | write:invoices"),
+    // sqlparser would read the second segment as a plain string: the lexer decides.
+    (
+        "WITH a AS (SELECT E'x'\n'\\' --'), u AS (UPDATE invoices SET v = 1 RETURNING 1) SELECT * FROM a, u",
+        "pf004:0",
+    ),
+    ("UPDATE invoices SET note = E'a'\n'\\' WHERE id = 1", "write:invoices"),
     (
         "SELECT \"a;\"; UPDATE \"invoices\" SET a = 1;;",
         "other | write:invoices",
@@ -360,6 +452,32 @@ fn standard_conforming_strings_off_changes_the_split() {
     an.set_standard_conforming_strings(false);
     let kinds: Vec<String> = an.analyze(sql).statements.iter().map(|s| render(&s.kind)).collect();
     assert_eq!(kinds, vec!["other", "write:invoices"]);
+}
+
+#[test]
+fn standard_conforming_strings_off_continues_plain_strings_as_escape_strings() {
+    let off = Lexing {
+        standard_conforming_strings: false,
+    };
+    let kinds = |sql: &str| -> Vec<String> {
+        analyze_lexing(sql, &fences(), off)
+            .statements
+            .iter()
+            .map(|s| render(&s.kind))
+            .collect()
+    };
+    assert_eq!(
+        kinds("SELECT 'x'\n'\\'; SELECT 1; --' ; DELETE FROM invoices"),
+        vec!["other", "write:invoices"]
+    );
+    assert_eq!(
+        kinds("SELECT N'x' -- c\r'\\'; SELECT 1; --'\n; DELETE FROM invoices"),
+        vec!["other", "write:invoices"]
+    );
+    // sqlparser would take the backslash literally and see `WITH a AS (SELECT 'x\\') SELECT 1`.
+    let hidden = "WITH a AS (SELECT 'x\\' --'), u AS (UPDATE invoices SET v = 1 RETURNING 1) SELECT 1 /*\n\
+                  ) SELECT 1 -- */, 2";
+    assert_eq!(kinds(hidden), vec!["pf004:0"]);
 }
 
 #[test]
