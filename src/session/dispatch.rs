@@ -113,6 +113,15 @@ impl Dispatcher {
             return Some(raise_block(&r));
         }
         let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
+        if analysis.uncertain {
+            // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
+            // and a PREPARE of a fake one: close and prepare them again before use.
+            for state in shared.own.values_mut() {
+                if *state != Prepared::No {
+                    *state = Prepared::Unknown;
+                }
+            }
+        }
         if analysis.is_plain() {
             for stmt in &analysis.statements {
                 self.speculate_end(&stmt.kind);
@@ -250,6 +259,7 @@ impl Dispatcher {
             batch,
             Arc::new(Analysis {
                 statements: vec![inner],
+                uncertain: false,
             }),
         );
         Some(Effect::Prepared(defined))
@@ -309,6 +319,7 @@ impl Dispatcher {
         };
         Arc::new(Analysis {
             statements: vec![Stmt { span: 0..0, kind }],
+            uncertain: false,
         })
     }
 

@@ -506,6 +506,7 @@ impl Shared {
                 batch: newest.1,
                 analysis: Arc::new(Analysis {
                     statements: vec![anything],
+                    uncertain: false,
                 }),
             });
         }

@@ -7,8 +7,10 @@
 //! body of a `CREATE FUNCTION` / `CREATE PROCEDURE`. The body rule is the one
 //! psql uses: in a statement that starts `CREATE [OR REPLACE] FUNCTION|PROCEDURE`,
 //! `BEGIN` and `CASE` open a block and `END` closes one. A text where this
-//! heuristic merges statements the server would split is classified as one
-//! statement and fails closed (see the classifier).
+//! heuristic merges statements the server would split, or splits one it would
+//! not (`begin` as a parameter name, `SELECT 1 AS end` in a body), would be
+//! misread: [`split_checked`] says when the rule was used, and the classifier
+//! then takes the whole text as one statement that fails closed.
 
 use std::ops::Range;
 
@@ -25,10 +27,18 @@ pub fn split(sql: &str) -> Vec<Range<usize>> {
 
 /// [`split`] with explicit lexing rules (see [`Lexing`]).
 pub fn split_with(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
+    split_checked(sql, lexing).0
+}
+
+/// [`split_with`], and whether the `BEGIN`/`CASE`/`END` rule of routine bodies decided
+/// anything: then the spans may not be Postgres' statements.
+pub fn split_checked(sql: &str, lexing: Lexing) -> (Vec<Range<usize>>, bool) {
     let mut out = Vec::new();
     let mut cur = Piece::default();
+    let mut uncertain = false;
     for tok in Lexer::new(sql, lexing) {
         if tok.kind == TokenKind::Punct(b';') && cur.parens == 0 && cur.blocks == 0 {
+            uncertain |= cur.blocky;
             if let Some(span) = cur.span.take() {
                 out.push(span);
             }
@@ -46,10 +56,11 @@ pub fn split_with(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
             _ => {}
         }
     }
+    uncertain |= cur.blocky;
     if let Some(span) = cur.span {
         out.push(span);
     }
-    out
+    (out, uncertain)
 }
 
 /// The statement being accumulated.
@@ -59,6 +70,8 @@ struct Piece {
     parens: usize,
     /// Open `BEGIN`/`CASE` blocks of a routine body.
     blocks: usize,
+    /// A `BEGIN`, `CASE` or `END` was counted.
+    blocky: bool,
     words: usize,
     starts_with_create: bool,
     routine: bool,
@@ -75,8 +88,10 @@ impl Piece {
         } else if self.routine {
             if is("begin") || is("case") {
                 self.blocks += 1;
+                self.blocky = true;
             } else if is("end") {
                 self.blocks = self.blocks.saturating_sub(1);
+                self.blocky = true;
             }
         }
     }
@@ -134,6 +149,23 @@ mod tests {
         for (sql, want) in cases {
             assert_eq!(&pieces(sql), want, "{sql:?}");
         }
+    }
+
+    #[test]
+    fn the_routine_body_rule_is_reported_when_it_decides() {
+        let uncertain = |sql: &str| split_checked(sql, Lexing::default()).1;
+        // Postgres reads these otherwise: `AS end` is a column label, `begin` a parameter.
+        assert!(uncertain(
+            "CREATE FUNCTION f() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1 AS end; UPDATE t SET a = 1; END; SELECT 1"
+        ));
+        assert!(uncertain(
+            "CREATE FUNCTION f(begin int) RETURNS int LANGUAGE sql AS 'select 1'; DEALLOCATE x"
+        ));
+        // Bodies in strings, and other statements, never use the rule.
+        assert!(!uncertain(
+            "CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN 1; END$$; BEGIN; END"
+        ));
+        assert!(!uncertain("SELECT CASE WHEN true THEN 1 END; BEGIN; COMMIT"));
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub use fences::{FenceId, FenceSet};
 pub struct Analysis {
     /// The statements, in order; empty for an empty or comment-only text.
     pub statements: Vec<Stmt>,
+    /// The statement boundaries rest on psql's rule for routine bodies, which Postgres'
+    /// grammar may not follow: the whole text is one statement here (unanalysable if it
+    /// may name a fenced table), and what it does to session state is unknown.
+    pub uncertain: bool,
 }
 
 impl Analysis {
@@ -153,14 +157,27 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
         lexing,
         parsed: false,
     };
-    let statements = split::split_with(sql, lexing)
+    let (spans, uncertain) = split::split_checked(sql, lexing);
+    if uncertain && let (Some(first), Some(last)) = (spans.first(), spans.last()) {
+        let span = first.start..last.end;
+        let kind = ctx.unanalysable_if_named(&span);
+        let statements = vec![Stmt { span, kind }];
+        return (Analysis { statements, uncertain }, ctx.parsed);
+    }
+    let statements = spans
         .into_iter()
         .map(|span| Stmt {
             kind: ctx.classify(span.clone(), 0),
             span,
         })
         .collect();
-    (Analysis { statements }, ctx.parsed)
+    (
+        Analysis {
+            statements,
+            uncertain: false,
+        },
+        ctx.parsed,
+    )
 }
 
 /// Analyses Query texts for one fence configuration, caching the results of

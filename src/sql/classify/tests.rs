@@ -38,6 +38,24 @@ fn render(k: &StmtKind) -> String {
     }
 }
 
+/// A text whose statement boundaries rest on the routine-body rule is one statement:
+/// unanalysable when it may name a fenced table, else left alone, and marked uncertain.
+#[test]
+fn texts_split_by_the_routine_body_rule_are_taken_whole() {
+    let f = fences();
+    let hidden = "CREATE FUNCTION f() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1 AS end; \
+                  UPDATE x SET a = 1 WHERE id = 2; END; SELECT 1; UPDATE invoices SET paid = true";
+    let a = analyze(hidden, &f);
+    assert!(a.uncertain);
+    assert_eq!(run(hidden, &f), "pf004:0");
+    let tamper = "CREATE FUNCTION m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; \
+                  DEALLOCATE pgfence_guard_v1; PREPARE pgfence_guard_v1 AS SELECT 1";
+    let a = analyze(tamper, &f);
+    assert!(a.uncertain);
+    assert_eq!(run(tamper, &f), "other");
+    assert!(!analyze("SELECT 1; UPDATE invoices SET paid = true", &f).uncertain);
+}
+
 fn run(sql: &str, f: &FenceSet) -> String {
     analyze(sql, f)
         .statements

@@ -103,3 +103,50 @@ async fn a_standard_conforming_strings_change_in_flight_hides_nothing() {
     assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
     assert_eq!(f.note().await.0, "stale");
 }
+
+/// Where statement boundaries rest on psql's rule for routine bodies (`BEGIN`, `CASE`,
+/// `END` inside `CREATE FUNCTION`), Postgres may split the text otherwise: `SELECT 1 AS end`
+/// does not end a body, `begin` may be a parameter name. Such a text that names a fenced
+/// table is refused whole; one that does not passes, and pgfence then trusts none of its
+/// own prepared statements until it has prepared them again.
+#[tokio::test]
+async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
+    let f = at_epoch_two().await;
+    let hidden = "CREATE OR REPLACE FUNCTION pg_temp.t() RETURNS void LANGUAGE sql BEGIN ATOMIC \
+                  SELECT 1 AS end; UPDATE sweep_state SET note = 'body' WHERE id = 2; END; SELECT 1";
+    let mut s = stale(&f, f.proxy.port(), &[]).await;
+    s.simple("BEGIN").await;
+    assert_eq!(codes(&s.simple(hidden).await), ["PF004"]);
+    s.simple("ROLLBACK").await;
+    s.simple("BEGIN").await;
+    assert_eq!(
+        codes(&s.simple("UPDATE sweep_state SET note = 'stale' WHERE id = 1").await),
+        ["PF001"]
+    );
+    s.simple("ROLLBACK").await;
+    // A session at the current epoch has its guard statement replaced by a fake through
+    // such a text; after the takeover its write is still checked by the real guard.
+    let two = f.leader(2).await;
+    two.execute("UPDATE sweep_state SET note = 'two' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    two.batch_execute(
+        "CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; \
+         DEALLOCATE pgfence_guard_v1; PREPARE pgfence_guard_v1(text, bigint, text, boolean) AS SELECT 1",
+    )
+    .await
+    .unwrap();
+    f.takeover("c").await;
+    let r = two
+        .execute("UPDATE sweep_state SET note = 'stale' WHERE id = 1", &[])
+        .await;
+    assert_eq!(super::code(&r), "PF001");
+    assert_eq!(f.note().await.0, "two");
+    // Control: straight to Postgres the stale write lands.
+    let mut d = stale(&f, f.cluster.port(), &[]).await;
+    d.simple("BEGIN").await;
+    assert!(codes(&d.simple(hidden).await).is_empty());
+    assert!(codes(&d.simple("UPDATE sweep_state SET note = 'stale' WHERE id = 1").await).is_empty());
+    d.simple("COMMIT").await;
+    assert_eq!(f.note().await.0, "stale");
+}
