@@ -229,7 +229,7 @@ fn handle_client_message(
     disp: &mut Dispatcher,
 ) -> Result<Action, String> {
     let malformed = || format!("malformed message type '{}'", tag as char);
-    if st.copy_in && !matches!(tag, b'd' | b'c' | b'f' | b'S' | b'H') {
+    if st.copy_in && !matches!(tag, b'd' | b'c' | b'f' | b'S' | b'H' | b'X') {
         return Err(format!("message type '{}' during COPY FROM STDIN", tag as char));
     }
     let mut body = Body::new(&msg[HEADER_LEN..]);

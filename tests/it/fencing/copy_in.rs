@@ -131,3 +131,25 @@ async fn a_query_inside_copy_ends_only_that_session() {
         assert_eq!(code(&bystander.execute(WRITE, &[]).await), "ok");
     }
 }
+
+/// Terminate inside COPY is a client leaving, not a protocol violation: no error.
+#[tokio::test]
+async fn terminate_inside_copy_just_closes() {
+    let f = Fixture::new().await;
+    let e = f.takeover("a").await;
+    let mut s = session(&f, f.proxy.port(), e).await;
+    s.send(&[parse("", COPY), bind("", "", &[]), execute(""), sync()].concat())
+        .await;
+    s.read_until(|m| m.tag == b'G').await;
+    s.send(&message(b'X', b"")).await;
+    let rest = s.read_until(|_| false).await;
+    assert!(codes(&rest).is_empty(), "{rest:?}");
+    // The COPY rolled back with the session: nothing was copied.
+    let n: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM audit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
