@@ -74,20 +74,12 @@ impl DbFences {
         analyzer.analyze(sql)
     }
 
-    /// Whether `sql` may name a fenced table of this database anywhere, strings and
-    /// comments included: a fenced name (ignoring case) or a `U&` identifier. For texts
-    /// pgfence cannot lex as Postgres will, where only such a mention can hide a write.
+    /// Whether `sql` may name a fenced table of this database anywhere (see
+    /// `FenceSet::named_anywhere`). For texts pgfence cannot lex as Postgres will, where
+    /// only such a mention can hide a write.
     pub fn may_name_any(&self, sql: &str) -> bool {
         let analyzer = self.analyzers[0].lock().unwrap_or_else(|p| p.into_inner());
-        let fences = analyzer.fences();
-        if fences.is_empty() {
-            return false;
-        }
-        let lower = sql.to_ascii_lowercase();
-        lower.contains("u&")
-            || fences
-                .prefilter_needles()
-                .any(|n| memchr::memmem::find(lower.as_bytes(), n).is_some())
+        analyzer.fences().named_anywhere(sql)
     }
 
     /// Whether `fence` is in rewrite mode.

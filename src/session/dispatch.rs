@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use super::context::DbFences;
 use super::declare::Declarations;
 use super::rewriting::RwStatement;
-use super::state::{Defined, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
+use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
 use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
@@ -279,43 +279,40 @@ impl Dispatcher {
         {
             defs = std::slice::from_ref(last);
         }
-        let mut write = Vec::new();
-        let mut unanalysable = Vec::new();
-        let mut may_anything = defs.is_empty();
-        for def in defs {
-            let [stmt] = def.analysis.statements.as_slice() else {
-                continue;
-            };
-            match self.definition_need(shared, &stmt.kind, true) {
-                Need::None => {}
-                Need::Write(f) => write.extend(f),
-                Need::Unanalysable(f) if f.is_empty() => may_anything = true,
-                Need::Unanalysable(f) => unanalysable.extend(f),
-            }
+        let as_is = || match defs {
+            [only] => only.analysis.clone(),
+            _ => Arc::default(),
+        };
+        // The usual case, one definition that stands for itself: nothing to compute.
+        if let [only] = defs
+            && !only.analysis.statements.iter().any(|s| self.widened(&s.kind))
+        {
+            return as_is();
         }
-        if may_anything {
-            unanalysable.extend(self.fences.applicable.iter().copied());
-        }
-        let kind = if !unanalysable.is_empty() {
-            unanalysable.extend(write);
-            unanalysable.sort_unstable();
-            unanalysable.dedup();
-            StmtKind::Unanalysable { fences: unanalysable }
-        } else if !write.is_empty() {
-            if let [only] = defs {
-                return only.analysis.clone();
+        let kind = match self.definitions_need(shared, defs, true) {
+            Need::Unanalysable(fences) => {
+                // None listed: any fence of this database (a database without any: nothing).
+                let mut fences = if fences.is_empty() {
+                    self.fences.applicable.clone()
+                } else {
+                    fences
+                };
+                if fences.is_empty() {
+                    return as_is();
+                }
+                fences.sort_unstable();
+                fences.dedup();
+                StmtKind::Unanalysable { fences }
             }
-            write.sort_unstable();
-            write.dedup();
-            StmtKind::Write {
-                fences: write,
-                tables: Vec::new(),
+            Need::Write(mut fences) if defs.len() > 1 => {
+                fences.sort_unstable();
+                fences.dedup();
+                StmtKind::Write {
+                    fences,
+                    tables: Vec::new(),
+                }
             }
-        } else {
-            return match defs {
-                [only] => only.analysis.clone(),
-                _ => Arc::default(),
-            };
+            _ => return as_is(),
         };
         Arc::new(Analysis {
             statements: vec![Stmt { span: 0..0, kind }],
@@ -323,32 +320,44 @@ impl Dispatcher {
         })
     }
 
-    /// What one definition of a client statement needs when run by name. `nested`: an
-    /// `EXECUTE` in it is looked up once more (a definition can be `EXECUTE other`).
-    fn definition_need(&self, shared: &Shared, kind: &StmtKind, nested: bool) -> Need {
+    /// Whether a definition's statement needs more than its own kind says when run by
+    /// name (see [`Self::definition_need`]).
+    fn widened(&self, kind: &StmtKind) -> bool {
         match kind {
-            StmtKind::Write { fences, .. } if self.any_rewrite(fences) => Need::Unanalysable(fences.clone()),
-            StmtKind::Execute { name } if nested => self.resolve_shallow(shared, name),
-            StmtKind::Execute { .. } => Need::Unanalysable(Vec::new()),
-            kind => self.kind_need(kind),
+            StmtKind::Execute { .. } => true,
+            StmtKind::Unanalysable { fences } => fences.is_empty(),
+            StmtKind::Write { fences, .. } => self.any_rewrite(fences),
+            _ => false,
         }
     }
 
-    /// [`Self::resolve`] of a name met inside a definition, as a need, without looking
-    /// further.
-    fn resolve_shallow(&self, shared: &Shared, name: &str) -> Need {
-        let defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
+    /// What running one of `defs` may need: the union of their needs, and any fence
+    /// when there is none. `nested`: see [`Self::definition_need`].
+    fn definitions_need(&self, shared: &Shared, defs: &[Definition], nested: bool) -> Need {
         if defs.is_empty() {
             return Need::Unanalysable(Vec::new());
         }
         let mut need = Need::None;
         for def in defs {
-            let [stmt] = def.analysis.statements.as_slice() else {
-                continue;
-            };
-            need = need.union(self.definition_need(shared, &stmt.kind, false));
+            if let [stmt] = def.analysis.statements.as_slice() {
+                need = need.union(self.definition_need(shared, &stmt.kind, nested));
+            }
         }
         need
+    }
+
+    /// What one definition of a client statement needs when run by name. `nested`: an
+    /// `EXECUTE` in it is looked up once more (a definition can be `EXECUTE other`).
+    fn definition_need(&self, shared: &Shared, kind: &StmtKind, nested: bool) -> Need {
+        match kind {
+            StmtKind::Write { fences, .. } if self.any_rewrite(fences) => Need::Unanalysable(fences.clone()),
+            StmtKind::Execute { name } if nested => {
+                let defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
+                self.definitions_need(shared, defs, false)
+            }
+            StmtKind::Execute { .. } => Need::Unanalysable(Vec::new()),
+            kind => self.kind_need(kind),
+        }
     }
 
     /// A refusal (PF004) for a text that Postgres may read differently from pgfence and

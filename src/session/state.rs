@@ -86,7 +86,8 @@ pub enum Prepared {
     Unknown,
 }
 
-/// A settings change to apply when Postgres confirms the statement.
+/// A change to apply when Postgres confirms the statement: to the declarations, or to
+/// what the client's statement names stand for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     /// `SET [LOCAL] pgfence.epoch` (None = RESET).

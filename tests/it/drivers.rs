@@ -210,12 +210,7 @@ async fn psql_on_error_stop_script_stops_at_a_rejected_fenced_write() {
     f.admin.batch_execute("DELETE FROM audit").await.unwrap();
     let (out, err, code) = psql(f.proxy.port(), &f.db, Some(e1), &["-1"], &script).await;
     assert_eq!(code, 3, "{out}{err}");
-    let n: i64 = f
-        .admin
-        .query_one("SELECT count(*) FROM audit", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n = f.audit_rows().await;
     assert_eq!(n, 0, "a rejected single-transaction script must commit nothing");
 
     // No epoch at all: PF002, and the script can declare one itself with SET.

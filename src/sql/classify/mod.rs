@@ -240,7 +240,7 @@ impl Analyzer {
 /// How deep `EXPLAIN`/`COPY (…)`/`PREPARE` may nest before we stop looking.
 const MAX_DEPTH: usize = 8;
 /// Longer statements skip sqlparser (~90 ns/byte) for the token fallback.
-const MAX_PARSE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_PARSE_BYTES: usize = 64 * 1024;
 
 /// Commands that never change a table's rows or definition.
 const NEVER_WRITE: &[&str] = &[

@@ -82,8 +82,8 @@ pub fn rewrite_lexing(
 
 /// Longer statements are not rewritten: verifying one means parsing it whole with
 /// sqlparser, about 2 s per MB here, and that would stall every session on the runtime's
-/// thread. The classifier parses no more either (`classify::MAX_PARSE_BYTES`).
-pub const MAX_REWRITE_BYTES: usize = 64 * 1024;
+/// thread. The classifier's limit for sqlparser, for the same reason.
+pub const MAX_REWRITE_BYTES: usize = crate::sql::classify::MAX_PARSE_BYTES;
 
 /// The rewrite and the edits that made it from `stmt_sql`, sorted by position.
 fn rewrite_with_edits(

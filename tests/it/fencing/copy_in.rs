@@ -26,15 +26,7 @@ fn copy_fail(why: &str) -> Vec<u8> {
 
 /// A raw session at `epoch` on `port`, through pgfence or not.
 async fn session(f: &Fixture, port: u16, epoch: i64) -> Raw {
-    let epoch = epoch.to_string();
-    let params = [
-        ("user", "postgres"),
-        ("database", f.db.as_str()),
-        ("pgfence.epoch", epoch.as_str()),
-    ];
-    let (raw, msgs) = Raw::startup(port, &params).await;
-    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
-    raw
+    f.raw(port, &epoch.to_string(), &[]).await
 }
 
 /// The transcript of one COPY as libpq sends it, then a fenced write and a read: message
@@ -75,12 +67,7 @@ async fn syncs_inside_copy_get_no_reply_through_pgfence_either() {
             assert_eq!(got, want, "{how}, waiting for G: {wait}");
         }
     }
-    let n: i64 = f
-        .admin
-        .query_one("SELECT count(*) FROM audit", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n = f.audit_rows().await;
     assert_eq!(n, 8, "two rows per completed COPY, twice each way");
 }
 
@@ -145,11 +132,6 @@ async fn terminate_inside_copy_just_closes() {
     let rest = s.read_until(|_| false).await;
     assert!(codes(&rest).is_empty(), "{rest:?}");
     // The COPY rolled back with the session: nothing was copied.
-    let n: i64 = f
-        .admin
-        .query_one("SELECT count(*) FROM audit", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n = f.audit_rows().await;
     assert_eq!(n, 0);
 }

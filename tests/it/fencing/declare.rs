@@ -6,17 +6,9 @@ use crate::common::raw::{Raw, codes};
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
 
-/// Lease at epoch 2: epoch 1 is stale, 2 current, 3 above the lease.
-async fn at_epoch_two() -> Fixture {
-    let f = Fixture::new().await;
-    f.takeover("a").await;
-    f.takeover("b").await;
-    f
-}
-
 #[tokio::test]
 async fn options_declaration_matrix() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     for (epoch, expect) in [(Some("1"), "PF001"), (Some("2"), "ok"), (None, "PF002")] {
         let opts = epoch.map(|e| format!("-c pgfence.epoch={e}")).unwrap_or_default();
         let s = f.session(&opts).await;
@@ -29,7 +21,7 @@ async fn options_declaration_matrix() {
 
 #[tokio::test]
 async fn startup_parameter_declaration_matrix() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     for (epoch, expect) in [
         (Some("1"), "PF001"),
         (Some("2"), ""),
@@ -68,7 +60,7 @@ async fn startup_parameter_declaration_matrix() {
 
 #[tokio::test]
 async fn set_declaration_matrix() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     for set in [
         "SET pgfence.epoch = {}",
         "SET SESSION pgfence.epoch TO {}",
@@ -100,7 +92,7 @@ async fn set_declaration_matrix() {
 
 #[tokio::test]
 async fn set_local_lasts_until_the_transaction_ends() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let s = f.session("").await;
     s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 2").await.unwrap();
     s.execute(WRITE, &[]).await.unwrap();
@@ -125,7 +117,7 @@ async fn set_local_lasts_until_the_transaction_ends() {
 
 #[tokio::test]
 async fn session_set_in_a_rolled_back_transaction_is_undone() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let s = f.session("-c pgfence.epoch=1").await;
     s.batch_execute("BEGIN; SET pgfence.epoch = 2; ROLLBACK").await.unwrap();
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
@@ -141,7 +133,7 @@ async fn session_set_in_a_rolled_back_transaction_is_undone() {
 
 #[tokio::test]
 async fn reset_returns_to_the_connection_value() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let s = f.session("-c pgfence.epoch=2").await;
     s.batch_execute("SET pgfence.epoch = 1").await.unwrap();
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
@@ -162,7 +154,7 @@ async fn reset_returns_to_the_connection_value() {
 
 #[tokio::test]
 async fn show_agrees_with_the_declaration() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let s = f.session("-c pgfence.epoch=2").await;
     let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
     assert_eq!(shown, "2");
@@ -211,7 +203,7 @@ async fn several_fences_need_pgfence_fence() {
 /// undoes the settings: pgfence, `SHOW` and the write's outcome agree, in both protocols.
 #[tokio::test]
 async fn rollback_to_savepoint_undoes_later_declarations() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let s = f.session("-c pgfence.epoch=2").await;
     // Simple protocol: a stale epoch set after the savepoint is rolled back with it.
     s.batch_execute("BEGIN; SAVEPOINT a; SET pgfence.epoch = 1; ROLLBACK TO SAVEPOINT a")

@@ -1,14 +1,13 @@
 //! The high-water mark never goes down: not across proxy restarts, Postgres
 //! restarts, several proxies, or a re-created lease row.
 
-use super::{Fixture, SEED_SQL, code, fence_toml, install};
+use super::{Fixture, NO_LEASE, SEED_SQL, code, fence_toml, install};
 use crate::common::inproc::Proxy;
 use crate::common::pg::{Cluster, connect};
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
 
 /// Without a lease, the first write with a higher epoch raises the HWM.
-const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
 
 #[tokio::test]
 async fn hwm_survives_proxy_restart_and_is_shared_by_two_proxies() {

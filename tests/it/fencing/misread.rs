@@ -17,29 +17,14 @@ fn raw_query(sql: &[u8]) -> Vec<u8> {
     message(b'Q', &[sql, b"\0"].concat())
 }
 
-/// A raw session at a stale epoch (the lease is at 2) with these extra startup parameters.
+/// A raw session at the stale epoch 1 (the lease is at 2).
 async fn stale(f: &Fixture, port: u16, extra: &[(&str, &str)]) -> Raw {
-    let mut params = vec![
-        ("user", "postgres"),
-        ("database", f.db.as_str()),
-        ("pgfence.epoch", "1"),
-    ];
-    params.extend_from_slice(extra);
-    let (raw, msgs) = Raw::startup(port, &params).await;
-    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
-    raw
-}
-
-async fn at_epoch_two() -> Fixture {
-    let f = Fixture::new().await;
-    f.takeover("a").await;
-    f.takeover("b").await;
-    f
+    f.raw(port, "1", extra).await
 }
 
 #[tokio::test]
 async fn a_backslash_inside_an_sjis_character_hides_nothing() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let sjis = [("client_encoding", "SJIS")];
     let mut s = stale(&f, f.proxy.port(), &sjis).await;
     s.send(&raw_query(SJIS_HIDDEN)).await;
@@ -66,7 +51,7 @@ async fn a_backslash_inside_an_sjis_character_hides_nothing() {
 /// answer when it reads the text.
 #[tokio::test]
 async fn an_encoding_change_in_flight_hides_nothing() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let mut s = stale(&f, f.proxy.port(), &[]).await;
     s.send(&[query("SET client_encoding = 'SJIS'"), raw_query(SJIS_HIDDEN)].concat())
         .await;
@@ -86,7 +71,7 @@ async fn an_encoding_change_in_flight_hides_nothing() {
 /// had it off: sent one after the other, the same text gets PF001.
 #[tokio::test]
 async fn a_standard_conforming_strings_change_in_flight_hides_nothing() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let off = [("standard_conforming_strings", "off")];
     let mut s = stale(&f, f.proxy.port(), &off).await;
     s.send(&[query("SET standard_conforming_strings = on"), query(SCS_HIDDEN)].concat())
@@ -111,7 +96,7 @@ async fn a_standard_conforming_strings_change_in_flight_hides_nothing() {
 /// own prepared statements until it has prepared them again.
 #[tokio::test]
 async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let hidden = "CREATE OR REPLACE FUNCTION pg_temp.t() RETURNS void LANGUAGE sql BEGIN ATOMIC \
                   SELECT 1 AS end; UPDATE sweep_state SET note = 'body' WHERE id = 2; END; SELECT 1";
     let mut s = stale(&f, f.proxy.port(), &[]).await;

@@ -20,6 +20,7 @@ use tokio_postgres::Client;
 
 use crate::common::inproc::Proxy;
 use crate::common::pg::{Cluster, connect};
+use crate::common::raw::Raw;
 
 /// The seed design's tables, a fenced `sweep_state`, an unfenced `audit`.
 pub const SEED_SQL: &str = "
@@ -31,6 +32,9 @@ CREATE TABLE audit (id serial PRIMARY KEY, note text);
 INSERT INTO leader_lease (name) VALUES ('sweeper');
 INSERT INTO sweep_state VALUES (1, 'init', 0);
 ";
+
+/// One fence over `sweep_state` without a lease.
+pub const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
 
 /// The fence config used by most tests.
 pub fn fence_toml() -> String {
@@ -73,6 +77,37 @@ impl Fixture {
     /// A session through pgfence declaring `epoch` at startup.
     pub async fn leader(&self, epoch: i64) -> Client {
         self.session(&format!("-c pgfence.epoch={epoch}")).await
+    }
+
+    /// A fixture whose lease is at epoch 2: epoch 1 is stale, 3 above the lease.
+    pub async fn at_epoch_two() -> Fixture {
+        let f = Fixture::new().await;
+        f.takeover("a").await;
+        f.takeover("b").await;
+        f
+    }
+
+    /// A raw-protocol session on `port` (pgfence's or Postgres') declaring `epoch` at
+    /// startup, with these extra startup parameters.
+    pub async fn raw(&self, port: u16, epoch: &str, extra: &[(&str, &str)]) -> Raw {
+        let mut params = vec![
+            ("user", "postgres"),
+            ("database", self.db.as_str()),
+            ("pgfence.epoch", epoch),
+        ];
+        params.extend_from_slice(extra);
+        let (raw, msgs) = Raw::startup(port, &params).await;
+        assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+        raw
+    }
+
+    /// Rows in the unfenced `audit` table.
+    pub async fn audit_rows(&self) -> i64 {
+        self.admin
+            .query_one("SELECT count(*) FROM audit", &[])
+            .await
+            .unwrap()
+            .get(0)
     }
 
     /// A session straight to Postgres (the control).

@@ -4,12 +4,11 @@
 //! still in flight, a protocol Close of that name, a client statement that took the name.
 //! Each test ends with its control: straight to Postgres the stale write lands.
 
-use super::{Fixture, code};
+use super::{Fixture, NO_LEASE, code};
 use crate::common::pg::Cluster;
 use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, query, sync};
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
-const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
 
 /// Whether the session has pgfence's guard statement, prepared with a Parse.
 async fn has_guard(client: &tokio_postgres::Client) -> bool {
@@ -21,18 +20,6 @@ async fn has_guard(client: &tokio_postgres::Client) -> bool {
         .await
         .unwrap()
         .is_some()
-}
-
-/// A raw session through pgfence at `epoch`.
-async fn raw_leader(f: &Fixture, epoch: &str) -> Raw {
-    let params = [
-        ("user", "postgres"),
-        ("database", f.db.as_str()),
-        ("pgfence.epoch", epoch),
-    ];
-    let (raw, msgs) = Raw::startup(f.proxy.port(), &params).await;
-    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
-    raw
 }
 
 /// The error codes of one extended-protocol write (unnamed statement and portal).
@@ -76,7 +63,7 @@ async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
 #[tokio::test]
 async fn a_deallocate_still_in_flight_does_not_cost_the_next_write_its_guard() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
-    let mut five = raw_leader(&f, "5").await;
+    let mut five = f.raw(f.proxy.port(), "5", &[]).await;
     for (expected, stale) in [("", false), ("PF001", true)] {
         if stale {
             f.leader(6).await.execute(WRITE, &[]).await.unwrap();
@@ -101,7 +88,7 @@ async fn a_deallocate_still_in_flight_does_not_cost_the_next_write_its_guard() {
 #[tokio::test]
 async fn a_client_close_of_the_guard_statement_is_survived() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
-    let mut five = raw_leader(&f, "5").await;
+    let mut five = f.raw(f.proxy.port(), "5", &[]).await;
     assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
     five.send(&[close_statement("pgfence_guard_v1"), sync()].concat()).await;
     let closed = five.read_until(|m| m.tag == b'Z').await;

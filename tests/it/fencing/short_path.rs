@@ -3,11 +3,10 @@
 //! rolled-back bump, not a hand-set marker, not a hostile `search_path`, not a disabled
 //! lease trigger. Each test has its control: the same write straight to Postgres lands.
 
-use super::{Fixture, code};
+use super::{Fixture, NO_LEASE, code};
 use crate::common::pg::Cluster;
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
-const NO_LEASE: &str = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\"]\n";
 
 /// The marker the full guard leaves: what the short path trusts.
 async fn marker(client: &tokio_postgres::Client) -> String {

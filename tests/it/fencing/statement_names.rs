@@ -9,23 +9,9 @@ use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, sync
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
 
-/// Lease at epoch 2; sessions declare 1.
-async fn at_epoch_two() -> Fixture {
-    let f = Fixture::new().await;
-    f.takeover("a").await;
-    f.takeover("b").await;
-    f
-}
-
+/// A raw session at the stale epoch 1 (the lease is at 2).
 async fn stale(f: &Fixture, port: u16) -> Raw {
-    let params = [
-        ("user", "postgres"),
-        ("database", f.db.as_str()),
-        ("pgfence.epoch", "1"),
-    ];
-    let (raw, msgs) = Raw::startup(port, &params).await;
-    assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
-    raw
+    f.raw(port, "1", &[]).await
 }
 
 /// Sends `msgs` and reads up to the ReadyForQuery of each of `batches` requests; returns
@@ -115,7 +101,7 @@ fn scenarios() -> Vec<Scenario> {
 #[tokio::test]
 async fn a_stale_write_run_by_name_is_always_guarded() {
     for (how, setup, answers, run_it) in scenarios() {
-        let f = at_epoch_two().await;
+        let f = Fixture::at_epoch_two().await;
         let mut s = stale(&f, f.proxy.port()).await;
         run(&mut s, &setup, answers).await;
         let got = run(&mut s, &run_it, 1).await;
@@ -134,7 +120,7 @@ async fn a_stale_write_run_by_name_is_always_guarded() {
 /// parsed again in one batch, the unnamed statement re-parsed in pipelined batches.
 #[tokio::test]
 async fn redefined_names_run_what_they_now_are() {
-    let f = at_epoch_two().await;
+    let f = Fixture::at_epoch_two().await;
     let mut s = stale(&f, f.proxy.port()).await;
     let setup = vec![parse("s1", WRITE), sync()];
     assert_eq!(run(&mut s, &setup, 1).await, [Vec::<String>::new()]);

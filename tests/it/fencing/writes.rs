@@ -190,24 +190,14 @@ async fn rejection_inside_transaction_prevents_commit() {
         "25P02"
     );
     stale.batch_execute("COMMIT").await.unwrap();
-    let n: i64 = f
-        .admin
-        .query_one("SELECT count(*) FROM audit", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n = f.audit_rows().await;
     assert_eq!(n, 1, "only the row inserted before the test");
     // In one simple Query too.
     let r = stale
         .batch_execute("INSERT INTO audit (note) VALUES ('x'); UPDATE sweep_state SET note = 'x'")
         .await;
     assert_eq!(code(&r), "PF001");
-    let n: i64 = f
-        .admin
-        .query_one("SELECT count(*) FROM audit", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n = f.audit_rows().await;
     assert_eq!(n, 1);
 }
 
