@@ -74,6 +74,15 @@ impl DbFences {
         analyzer.analyze(sql)
     }
 
+    /// [`Self::analyze`] for the text of a Parse, cached whatever it cost: drivers send
+    /// the same statement again and again (often as the unnamed statement, once per
+    /// execution), where inline-valued Query texts are mostly seen once.
+    pub fn analyze_parse(&self, sql: &str, standard_conforming_strings: bool) -> Arc<Analysis> {
+        let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
+        let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
+        analyzer.analyze_repeated(sql)
+    }
+
     /// Whether `sql` may name a fenced table of this database anywhere (see
     /// `FenceSet::named_anywhere`). For texts pgfence cannot lex as Postgres will, where
     /// only such a mention can hide a write.

@@ -436,8 +436,8 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Parse(None, Some(defined)));
             return Some(raise_block(&r));
         }
-        let mut replacement = self.parse_rewrite(name, sql, params, exact);
-        let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
+        let analysis = self.fences.analyze_parse(sql, shared.standard_conforming_strings);
+        let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d) {

@@ -28,7 +28,7 @@ use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::sql::FenceId;
-use crate::sql::classify::StmtKind;
+use crate::sql::classify::{Analysis, StmtKind};
 
 /// What a write that involves a rewrite-mode fence becomes.
 pub(super) enum Plan {
@@ -157,9 +157,15 @@ impl Dispatcher {
 
     /// Parse of a statement that writes a rewrite-mode table: remembers it and
     /// returns the rewritten text when the session has an epoch.
-    pub(super) fn parse_rewrite(&mut self, name: &str, sql: &str, params: &[u8], exact: bool) -> Option<String> {
+    pub(super) fn parse_rewrite(
+        &mut self,
+        name: &str,
+        sql: &str,
+        analysis: &Analysis,
+        params: &[u8],
+        exact: bool,
+    ) -> Option<String> {
         self.rw_statements.remove(name);
-        let analysis = self.fences.analyze(sql, self.scs);
         let [stmt] = analysis.statements.as_slice() else {
             return None;
         };

@@ -180,8 +180,9 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
     )
 }
 
-/// Analyses Query texts for one fence configuration, caching the results of
-/// texts that needed a full parse (applications repeat their statements).
+/// Analyses statement texts for one fence configuration, caching the results of
+/// texts that needed a full parse (applications repeat their statements) and of
+/// the texts of Parse messages.
 #[derive(Debug)]
 pub struct Analyzer {
     fences: FenceSet,
@@ -225,12 +226,22 @@ impl Analyzer {
 
     /// Analyses `sql`. Never panics.
     pub fn analyze(&mut self, sql: &str) -> Arc<Analysis> {
+        self.analyze_cached(sql, false)
+    }
+
+    /// [`Self::analyze`] for a text likely to come again: cached even when
+    /// only the lexer ran, which then costs more than the lookup.
+    pub fn analyze_repeated(&mut self, sql: &str) -> Arc<Analysis> {
+        self.analyze_cached(sql, true)
+    }
+
+    fn analyze_cached(&mut self, sql: &str, repeated: bool) -> Arc<Analysis> {
         if let Some(hit) = self.cache.get(sql) {
             return Arc::clone(hit);
         }
         let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
         let analysis = Arc::new(analysis);
-        if parsed && sql.len() <= CACHE_MAX_TEXT {
+        if (parsed || repeated) && sql.len() <= CACHE_MAX_TEXT {
             self.cache.insert(sql, Arc::clone(&analysis));
         }
         analysis

@@ -523,6 +523,17 @@ fn analyzer_caches_and_stays_bounded() {
     an.analyze("SELECT 1");
     an.analyze("UPDATE invoices SET a = 1");
     assert!(an.cache.is_empty());
+    // Parse texts come again (drivers re-send the unnamed statement per execution), so
+    // they are cached whatever they cost, with the same result as analysing afresh.
+    let parse = "SELECT abalance FROM pgbench_accounts WHERE aid = $1";
+    let first = an.analyze_repeated(parse);
+    assert_eq!(an.cache.len(), 1);
+    assert!(Arc::ptr_eq(&first, &an.analyze_repeated(parse)));
+    assert!(Arc::ptr_eq(&first, &an.analyze(parse)));
+    assert_eq!(*first, analyze(parse, &fences()));
+    let write = an.analyze_repeated("UPDATE invoices SET a = $1");
+    assert_eq!(*write, analyze("UPDATE invoices SET a = $1", &fences()));
+    assert!(Arc::ptr_eq(&write, &an.analyze("UPDATE invoices SET a = $1")));
 }
 
 #[test]
