@@ -25,8 +25,10 @@ pub mod state;
 pub use context::DbFences;
 
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -85,12 +87,13 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
         let mut draining = false;
         let grace = tokio::time::sleep(ctx.config.shutdown_grace);
         let mut grace = pin!(grace);
+        let mut drain = OnWake::new(ctx.drain.cancelled());
         loop {
             tokio::select! {
                 biased;
                 end = &mut c2u => break end,
                 end = &mut u2c => break end,
-                () = ctx.drain.cancelled(), if !draining => {
+                () = &mut drain, if !draining => {
                     if ctx.fast.is_cancelled() {
                         break End::Drained;
                     }
@@ -108,6 +111,69 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
         }
     };
     finish(end, &mut client, &mut upstream).instrument(span).await;
+}
+
+/// A future polled only after it woke its task itself, not on every wake of the task:
+/// the drain signal, beside two relay directions that wake the session for every
+/// message, would otherwise be polled (a lock and a waker check) on each.
+struct OnWake<F> {
+    future: Pin<Box<F>>,
+    flag: Arc<WakeFlag>,
+    waker: Waker,
+    /// The task waker `flag` passes wakes on to.
+    task: Option<Waker>,
+}
+
+/// Marks that the wrapped future asked to be polled, then wakes the task.
+#[derive(Default)]
+struct WakeFlag {
+    woken: AtomicBool,
+    task: Mutex<Option<Waker>>,
+}
+
+impl Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Set before waking, so the poll the wake causes sees it.
+        self.woken.store(true, Ordering::Release);
+        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            task.wake_by_ref();
+        }
+    }
+}
+
+impl<F: Future> OnWake<F> {
+    fn new(future: F) -> Self {
+        let flag = Arc::new(WakeFlag::default());
+        Self {
+            future: Box::pin(future),
+            waker: Waker::from(Arc::clone(&flag)),
+            flag,
+            task: None,
+        }
+    }
+}
+
+impl<F: Future> Future for OnWake<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let woken = this.flag.woken.swap(false, Ordering::AcqRel);
+        let same_task = this.task.as_ref().is_some_and(|t| t.will_wake(cx.waker()));
+        if !same_task {
+            // First poll, or polled from another task: wakes go there now, and the
+            // future has to be looked at since nothing may be registered for it yet.
+            *this.flag.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+            this.task = Some(cx.waker().clone());
+        } else if !woken {
+            return Poll::Pending;
+        }
+        this.future.as_mut().poll(&mut Context::from_waker(&this.waker))
+    }
 }
 
 /// Reports how the session ended, to the client where the protocol allows.
@@ -141,4 +207,79 @@ async fn finish(end: End, client: &mut TcpStream, upstream: &mut TcpStream) {
     }
     let _ = upstream.shutdown().await;
     debug!(?end, "session closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Counts the wakes of a task.
+    #[derive(Default)]
+    struct Task(AtomicUsize);
+
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Counts its polls, keeps the last waker, and is ready once `done` is set.
+    #[derive(Default)]
+    struct Probe {
+        polls: AtomicUsize,
+        waker: Mutex<Option<Waker>>,
+        done: AtomicBool,
+    }
+
+    fn probe_future(p: Arc<Probe>) -> impl Future<Output = ()> {
+        std::future::poll_fn(move |cx| {
+            p.polls.fetch_add(1, Ordering::SeqCst);
+            *p.waker.lock().unwrap() = Some(cx.waker().clone());
+            if p.done.load(Ordering::SeqCst) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
+    #[test]
+    fn on_wake_polls_the_future_only_after_its_own_wake() {
+        let probe = Arc::new(Probe::default());
+        let mut fut = pin!(OnWake::new(probe_future(Arc::clone(&probe))));
+        let task = Arc::new(Task::default());
+        let waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&waker);
+        let polls = || probe.polls.load(Ordering::SeqCst);
+        let wake_inner = || probe.waker.lock().unwrap().as_ref().unwrap().wake_by_ref();
+
+        // The first poll registers the future.
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls(), 1);
+        // Wakes of the task from elsewhere do not poll it.
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls(), 1);
+        // Its own wake reaches the task and gets it polled, once.
+        wake_inner();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls(), 2);
+
+        // Polled from another task: looked at at once, and later wakes go there.
+        let other = Arc::new(Task::default());
+        let other_waker = Waker::from(Arc::clone(&other));
+        let mut other_cx = Context::from_waker(&other_waker);
+        assert!(fut.as_mut().poll(&mut other_cx).is_pending());
+        assert_eq!(polls(), 3);
+        probe.done.store(true, Ordering::SeqCst);
+        wake_inner();
+        assert_eq!(other.0.load(Ordering::SeqCst), 1);
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+        assert!(fut.as_mut().poll(&mut other_cx).is_ready());
+        assert_eq!(polls(), 4);
+    }
 }
