@@ -13,7 +13,7 @@
 //! RESET pgfence.{epoch|fence}     RESET ALL     DISCARD ALL
 //! ```
 
-use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value, uescape_char, unicode_ident_value};
+use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value, plain_string_value, uescape_char, unicode_ident_value};
 
 /// Which pgfence setting a declaration is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -200,17 +200,10 @@ fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Result<Stri
     }
 }
 
-/// `'a''b'` → `a'b`; refuses an unterminated string.
+/// `'a''b'` → `a'b`, and a literal continued over a newline joined, as Postgres reads
+/// them; refuses an unterminated string.
 fn unquote(raw: &str) -> Result<String, &'static str> {
-    let inner = raw
-        .strip_prefix('\'')
-        .and_then(|r| r.strip_suffix('\''))
-        .ok_or("unterminated string")?;
-    // A lone trailing quote such as `'abc''` is unterminated.
-    if inner.replace("''", "").contains('\'') {
-        return Err("unterminated string");
-    }
-    Ok(inner.replace("''", "'"))
+    plain_string_value(raw).ok_or("unterminated string")
 }
 
 #[cfg(test)]
@@ -284,6 +277,13 @@ mod tests {
             ("SET TIME ZONE 'UTC'", None),
             ("SHOW pgfence.epoch", None),
             ("SELECT set_config('pgfence.epoch', '5', false)", None),
+            // A literal continued over a newline (comments allowed) is one value.
+            ("SET pgfence.epoch = '5'\n'0'", set(Epoch, Session, Some("50"))),
+            (
+                "SET pgfence.epoch = '5' -- it's\r\n  'a''b'",
+                set(Epoch, Session, Some("5a'b")),
+            ),
+            ("SET pgfence.epoch = E'5'\n'0'", set(Epoch, Session, Some("50"))),
         ];
         for (sql, want) in cases {
             assert_eq!(parse(sql, Lexing::default()), want, "{sql}");
@@ -300,6 +300,8 @@ mod tests {
             "SET pgfence.epoch = E'\\x35'",
             "SET pgfence.epoch = U&'5'",
             "SET pgfence.epoch = 'open",
+            "SET pgfence.epoch = '5' '0'",
+            "SET pgfence.epoch = '5'\n'0",
             "SET pgfence.epoch = $$open",
             "SET pgfence.epoch = $1",
             "SET pgfence.epoch = DEFAULT 1",

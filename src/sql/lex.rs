@@ -480,6 +480,42 @@ impl Lexer<'_> {
     }
 }
 
+/// The value of one plain `'…'` literal as Postgres reads it with backslashes taken
+/// literally: doubled quotes undone, segments continued over a newline (`'5'` newline
+/// `'0'` is `50`) joined. `None` if `raw` is not exactly one such literal.
+pub(crate) fn plain_string_value(raw: &str) -> Option<String> {
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut pos = 0;
+    loop {
+        if b.get(pos) != Some(&b'\'') {
+            return None;
+        }
+        pos += 1;
+        loop {
+            let c = *b.get(pos)?;
+            pos += 1;
+            if c == b'\'' {
+                if b.get(pos) != Some(&b'\'') {
+                    break;
+                }
+                pos += 1;
+            }
+            out.push(c);
+        }
+        if pos == b.len() {
+            return String::from_utf8(out).ok();
+        }
+        let rest = Lexer {
+            bytes: b,
+            pos,
+            lexing: Lexing::default(),
+            continued: false,
+        };
+        pos = rest.continuation()?;
+    }
+}
+
 /// Postgres' `ident_start`: a letter, `_`, or any byte of a non-ASCII char.
 fn is_ident_start(b: u8) -> bool {
     b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
@@ -526,6 +562,27 @@ mod tests {
                 (Punct(b';'), ";"),
             ]
         );
+    }
+
+    #[test]
+    fn plain_string_values_join_continued_segments() {
+        for (raw, want) in [
+            ("'a''b'", Some("a'b")),
+            ("''", Some("")),
+            ("'x'\n'y'", Some("xy")),
+            ("'x' -- c'\r'y'\n\t'z'", Some("xyz")),
+            ("'x' 'y'", None),
+            ("'x'\n", None),
+            ("'abc''", None),
+            ("'open", None),
+            ("x'a'", None),
+        ] {
+            assert_eq!(plain_string_value(raw).as_deref(), want, "{raw:?}");
+        }
+        // Every string the lexer reads as one literal has a value.
+        let sql = "'x'\n'y' -- c\n";
+        let tok = Lexer::new(sql, Lexing::default()).next().unwrap();
+        assert_eq!(plain_string_value(&sql[tok.span]).as_deref(), Some("xy"));
     }
 
     #[test]

@@ -90,6 +90,34 @@ async fn set_declaration_matrix() {
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF002");
 }
 
+/// A literal continued over a newline is one value to Postgres (`'1'` newline `'2'` is
+/// `12`); pgfence declares what `SHOW` then reports, in both protocols.
+#[tokio::test]
+async fn continued_literal_declares_what_postgres_sets() {
+    let f = Fixture::at_epoch_two().await;
+    for (set, shown, expect) in [
+        ("SET pgfence.epoch = ''\n'1'", "1", "PF001"),
+        ("SET pgfence.epoch = '' -- one\n'2'", "2", "ok"),
+        // 12, not 1 or 2: above the lease's epoch.
+        ("SET pgfence.epoch = '1'\n'2'", "12", "PF003"),
+    ] {
+        for extended in [false, true] {
+            let s = f.session("").await;
+            if extended {
+                s.execute(set, &[]).await.unwrap();
+            } else {
+                s.batch_execute(set).await.unwrap();
+            }
+            assert_eq!(shown_epoch(&s).await, shown, "{set}");
+            assert_eq!(
+                code(&s.execute(WRITE, &[]).await),
+                expect,
+                "{set} (extended: {extended})"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn set_local_lasts_until_the_transaction_ends() {
     let f = Fixture::at_epoch_two().await;
