@@ -181,13 +181,16 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
 }
 
 /// Analyses statement texts for one fence configuration, caching the results of
-/// texts that needed a full parse (applications repeat their statements) and of
-/// the texts of Parse messages.
+/// texts that needed a full parse (applications repeat their statements) and, apart,
+/// of short Parse texts the lexer read.
 #[derive(Debug)]
 pub struct Analyzer {
     fences: FenceSet,
     lexing: Lexing,
     cache: BoundedMap<Arc<Analysis>>,
+    /// Lexer-only results of [`Analyzer::analyze_repeated`]: kept apart so that a stream
+    /// of one-off texts (inline values sent with Parse) cannot evict parsed results.
+    repeated: BoundedMap<Arc<Analysis>>,
     lower: Vec<u8>,
 }
 
@@ -197,6 +200,11 @@ pub const CACHE_ENTRIES: usize = 1024;
 pub const CACHE_MAX_TEXT: usize = 64 * 1024;
 /// The cache's keys take at most this many bytes, whatever the mix of lengths.
 pub const CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// Lexer-only Parse results kept, and the longest text among them: lexing a
+/// longer one costs little beside its own transfer.
+pub const REPEATED_ENTRIES: usize = 256;
+/// See [`REPEATED_ENTRIES`].
+pub const REPEATED_MAX_TEXT: usize = 4 * 1024;
 
 impl Analyzer {
     /// An analyzer for `fences`, assuming `standard_conforming_strings = on`.
@@ -205,6 +213,7 @@ impl Analyzer {
             fences,
             lexing: Lexing::default(),
             cache: BoundedMap::new(CACHE_ENTRIES, CACHE_BYTES),
+            repeated: BoundedMap::new(REPEATED_ENTRIES, REPEATED_ENTRIES * REPEATED_MAX_TEXT),
             lower: Vec::new(),
         }
     }
@@ -221,30 +230,44 @@ impl Analyzer {
         if self.lexing.standard_conforming_strings != on {
             self.lexing.standard_conforming_strings = on;
             self.cache.clear();
+            self.repeated.clear();
         }
     }
 
     /// Analyses `sql`. Never panics.
     pub fn analyze(&mut self, sql: &str) -> Arc<Analysis> {
-        self.analyze_cached(sql, false)
-    }
-
-    /// [`Self::analyze`] for a text likely to come again: cached even when
-    /// only the lexer ran, which then costs more than the lookup.
-    pub fn analyze_repeated(&mut self, sql: &str) -> Arc<Analysis> {
-        self.analyze_cached(sql, true)
-    }
-
-    fn analyze_cached(&mut self, sql: &str, repeated: bool) -> Arc<Analysis> {
         if let Some(hit) = self.cache.get(sql) {
             return Arc::clone(hit);
         }
-        let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
-        let analysis = Arc::new(analysis);
-        if (parsed || repeated) && sql.len() <= CACHE_MAX_TEXT {
-            self.cache.insert(sql, Arc::clone(&analysis));
+        self.analyze_uncached(sql).0
+    }
+
+    /// [`Self::analyze`] for a text likely to come again, such as a Parse's (drivers
+    /// send the same one, often as the unnamed statement, for every execution): short
+    /// ones are kept even when only the lexer ran, which then costs more than the lookup.
+    pub fn analyze_repeated(&mut self, sql: &str) -> Arc<Analysis> {
+        if let Some(hit) = self.repeated.get(sql) {
+            return Arc::clone(hit);
+        }
+        if let Some(hit) = self.cache.get(sql) {
+            return Arc::clone(hit);
+        }
+        let (analysis, kept) = self.analyze_uncached(sql);
+        if !kept && sql.len() <= REPEATED_MAX_TEXT {
+            self.repeated.insert(sql, Arc::clone(&analysis));
         }
         analysis
+    }
+
+    /// Analyses `sql`, keeping the result if sqlparser had to run (then also says so).
+    fn analyze_uncached(&mut self, sql: &str) -> (Arc<Analysis>, bool) {
+        let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
+        let analysis = Arc::new(analysis);
+        let keep = parsed && sql.len() <= CACHE_MAX_TEXT;
+        if keep {
+            self.cache.insert(sql, Arc::clone(&analysis));
+        }
+        (analysis, keep)
     }
 }
 

@@ -524,16 +524,30 @@ fn analyzer_caches_and_stays_bounded() {
     an.analyze("UPDATE invoices SET a = 1");
     assert!(an.cache.is_empty());
     // Parse texts come again (drivers re-send the unnamed statement per execution), so
-    // they are cached whatever they cost, with the same result as analysing afresh.
+    // short ones are kept whatever they cost, with the same result as analysing afresh,
+    // apart from the parsed results.
     let parse = "SELECT abalance FROM pgbench_accounts WHERE aid = $1";
     let first = an.analyze_repeated(parse);
-    assert_eq!(an.cache.len(), 1);
     assert!(Arc::ptr_eq(&first, &an.analyze_repeated(parse)));
-    assert!(Arc::ptr_eq(&first, &an.analyze(parse)));
     assert_eq!(*first, analyze(parse, &fences()));
-    let write = an.analyze_repeated("UPDATE invoices SET a = $1");
-    assert_eq!(*write, analyze("UPDATE invoices SET a = $1", &fences()));
-    assert!(Arc::ptr_eq(&write, &an.analyze("UPDATE invoices SET a = $1")));
+    let write = "UPDATE invoices SET a = $1";
+    assert!(Arc::ptr_eq(&an.analyze_repeated(write), &an.analyze_repeated(write)));
+    assert_eq!(*an.analyze_repeated(write), analyze(write, &fences()));
+    assert!(an.cache.is_empty());
+    assert_eq!(an.repeated.len(), 2);
+    // A parsed Parse text is kept once, with the parsed results.
+    let cte = with("$1");
+    assert!(Arc::ptr_eq(&an.analyze_repeated(&cte), &an.analyze(&cte)));
+    assert_eq!((an.cache.len(), an.repeated.len()), (1, 2));
+    // A stream of one-off Parse texts does not evict parsed results, and stays bounded;
+    // long ones are not kept.
+    for i in 0..REPEATED_ENTRIES * 4 {
+        an.analyze_repeated(&format!("SELECT {i}"));
+        an.analyze_repeated(&format!("SELECT '{}', {i}", "z".repeat(REPEATED_MAX_TEXT)));
+    }
+    assert_eq!(an.cache.len(), 1);
+    assert!(an.repeated.len() <= REPEATED_ENTRIES);
+    assert!(an.repeated.keys().all(|k| k.len() <= REPEATED_MAX_TEXT));
 }
 
 #[test]
