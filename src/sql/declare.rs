@@ -179,14 +179,8 @@ fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Result<Stri
     match t.kind {
         TokenKind::Number => Ok(raw.to_owned()),
         TokenKind::Word | TokenKind::QuotedIdent => ident_value(stmt, t).ok_or("unreadable identifier"),
-        TokenKind::String if raw.starts_with('\'') => {
-            if raw.contains('\\') && !lexing.standard_conforming_strings {
-                return Err("backslash escapes in the value are not supported");
-            }
-            unquote(raw)
-        }
-        TokenKind::EscapeString if !raw.contains('\\') => unquote(&raw[1..]),
-        TokenKind::EscapeString => Err("backslash escapes in the value are not supported"),
+        TokenKind::String if raw.starts_with('\'') => unquote(raw, !lexing.standard_conforming_strings),
+        TokenKind::EscapeString => unquote(&raw[1..], true),
         TokenKind::DollarString => {
             // `$tag$body$tag$`: the tag is everything up to the second `$`.
             let tag_len = raw[1..].find('$').map(|i| i + 2).ok_or("unterminated dollar quote")?;
@@ -201,9 +195,19 @@ fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Result<Stri
 }
 
 /// `'a''b'` → `a'b`, and a literal continued over a newline joined, as Postgres reads
-/// them; refuses an unterminated string.
-fn unquote(raw: &str) -> Result<String, &'static str> {
-    plain_string_value(raw).ok_or("unterminated string")
+/// them; refuses an unterminated string. With `escapes` (an `E''` string, or
+/// `standard_conforming_strings` off) it refuses a backslash in the value: pieces
+/// without one read the same either way, and a backslash in a comment between
+/// pieces is not part of the value.
+fn unquote(raw: &str, escapes: bool) -> Result<String, &'static str> {
+    const ESCAPES: &str = "backslash escapes in the value are not supported";
+    match plain_string_value(raw) {
+        Some(v) if escapes && v.contains('\\') => Err(ESCAPES),
+        Some(v) => Ok(v),
+        // Read with backslashes taken literally, an escaped quote can end a piece early.
+        None if escapes && raw.contains('\\') => Err(ESCAPES),
+        None => Err("unterminated string"),
+    }
 }
 
 #[cfg(test)]
@@ -284,6 +288,8 @@ mod tests {
                 set(Epoch, Session, Some("5a'b")),
             ),
             ("SET pgfence.epoch = E'5'\n'0'", set(Epoch, Session, Some("50"))),
+            // A backslash in a comment between the pieces is not in the value.
+            ("SET pgfence.epoch = E'5' -- a\\b\n'0'", set(Epoch, Session, Some("50"))),
         ];
         for (sql, want) in cases {
             assert_eq!(parse(sql, Lexing::default()), want, "{sql}");
@@ -317,6 +323,24 @@ mod tests {
         let off = Lexing {
             standard_conforming_strings: false,
         };
+        for sql in [
+            r"SET pgfence.epoch = 'a\'b'",
+            r"SET pgfence.epoch = 'a\''",
+            "SET pgfence.epoch = E'\\\\'\n'5'",
+        ] {
+            assert_eq!(
+                parse(sql, off),
+                Some(Malformed {
+                    setting: Epoch,
+                    reason: "backslash escapes in the value are not supported"
+                }),
+                "{sql}"
+            );
+        }
+        assert_eq!(
+            parse("SET pgfence.epoch = '5' -- a\\b\n'0'", off),
+            set(Epoch, Session, Some("50"))
+        );
         assert!(matches!(
             parse(r"SET pgfence.epoch = '\65'", off),
             Some(Malformed { .. })
