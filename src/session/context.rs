@@ -74,9 +74,10 @@ impl DbFences {
         analyzer.analyze(sql)
     }
 
-    /// [`Self::analyze`] for the text of a Parse, cached whatever it cost: drivers send
-    /// the same statement again and again (often as the unnamed statement, once per
-    /// execution), where inline-valued Query texts are mostly seen once.
+    /// [`Self::analyze`] for the text of a Parse, which drivers send again and again
+    /// (often as the unnamed statement, once per execution), where inline-valued Query
+    /// texts are mostly seen once: short ones are cached even when only the lexer ran
+    /// (see [`crate::sql::classify::Analyzer::analyze_repeated`]).
     pub fn analyze_parse(&self, sql: &str, standard_conforming_strings: bool) -> Arc<Analysis> {
         let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
         let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
