@@ -487,7 +487,7 @@ impl Shared {
     }
 
     /// A definition of a client statement name, sent now; returns its number. Past
-    /// [`MAX_DEFINITIONS`] unconfirmed ones, the older ones become a single definition
+    /// `MAX_DEFINITIONS` unconfirmed ones, the older ones become a single definition
     /// that may write any fence (`Unanalysable` with no fences listed), numbered as the
     /// newest of them so that confirming any of them keeps it.
     pub fn define(&mut self, name: &str, batch: u64, analysis: Arc<Analysis>) -> Defined {
