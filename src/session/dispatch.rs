@@ -20,7 +20,7 @@ use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::protocol::codec;
 use crate::sql::Declaration;
 use crate::sql::FenceId;
-use crate::sql::classify::{Analysis, Stmt, StmtKind};
+use crate::sql::classify::{Analysis, StmtKind};
 
 /// Name of the portal pgfence binds its own statements to.
 const OWN_PORTAL: &str = "pgfence_p";
@@ -91,7 +91,7 @@ impl Dispatcher {
         if shared.pending.is_empty() {
             self.speculative = shared.declared.clone();
         }
-        self.scs = shared.standard_conforming_strings;
+        self.scs = shared.reported.standard_conforming_strings;
     }
 
     /// A simple Query. Returns the text to send instead, if it changes.
@@ -112,7 +112,7 @@ impl Dispatcher {
             });
             return Some(raise_block(&r));
         }
-        let analysis = self.fences.analyze(sql, shared.standard_conforming_strings);
+        let analysis = self.fences.analyze(sql, shared.reported.standard_conforming_strings);
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
             // and a PREPARE of a fake one: close and prepare them again before use.
@@ -142,7 +142,6 @@ impl Dispatcher {
                 injected: None,
                 effect: None,
             };
-            part.effect = self.note_prepare(shared, &stmt.kind, batch);
             match self.need(shared, &stmt.kind, batch) {
                 Need::None => {}
                 Need::Write(f) if self.any_rewrite(&f) => {
@@ -174,15 +173,7 @@ impl Dispatcher {
                     }
                 }
             }
-            if let Some(effect) = self.note_deallocate(shared, &stmt.kind, self.sent) {
-                part.effect = Some(effect);
-            }
-            self.speculate_end(&stmt.kind);
-            if let StmtKind::Savepoint(op) = &stmt.kind {
-                let effect = Effect::Savepoint(op.clone());
-                self.speculate(&effect);
-                part.effect = Some(effect);
-            }
+            part.effect = self.note_effects(shared, &stmt.kind, batch, self.sent);
             if let StmtKind::Declare(d) = &stmt.kind {
                 match super::declaration::effect(d) {
                     Ok(effect) => {
@@ -219,6 +210,22 @@ impl Dispatcher {
         Some(text)
     }
 
+    /// What a statement does to the session's statement names, savepoints and transaction:
+    /// speculated for what follows it in the same string or pipeline, and the effect to
+    /// apply once Postgres confirms it. `batch` and `answered_at`: see [`Self::note_prepare`]
+    /// and [`Self::note_deallocate`]. Declarations are the caller's: a refused one changes
+    /// the text sent.
+    fn note_effects(&mut self, shared: &mut Shared, kind: &StmtKind, batch: u64, answered_at: u64) -> Option<Effect> {
+        self.speculate_end(kind);
+        if let StmtKind::Savepoint(op) = kind {
+            let effect = Effect::Savepoint(op.clone());
+            self.speculate(&effect);
+            return Some(effect);
+        }
+        self.note_prepare(shared, kind, batch)
+            .or_else(|| self.note_deallocate(shared, kind, answered_at))
+    }
+
     /// A statement that may drop prepared statements, answered when
     /// [`Shared::answered`] reaches `answered_at`: until then pgfence's own may or may not
     /// be gone. `DEALLOCATE ALL` and `DISCARD ALL` forget every statement when their
@@ -250,18 +257,7 @@ impl Dispatcher {
         let StmtKind::Prepare { name, inner } = kind else {
             return None;
         };
-        let inner = Stmt {
-            span: 0..0,
-            kind: inner.as_ref().clone(),
-        };
-        let defined = shared.define(
-            name,
-            batch,
-            Arc::new(Analysis {
-                statements: vec![inner],
-                uncertain: false,
-            }),
-        );
+        let defined = shared.define(name, batch, Arc::new(Analysis::of_kind(inner.as_ref().clone())));
         Some(Effect::Prepared(defined))
     }
 
@@ -314,10 +310,7 @@ impl Dispatcher {
             }
             _ => return as_is(),
         };
-        Arc::new(Analysis {
-            statements: vec![Stmt { span: 0..0, kind }],
-            uncertain: false,
-        })
+        Arc::new(Analysis::of_kind(kind))
     }
 
     /// Whether a definition's statement needs more than its own kind says when run by
@@ -371,7 +364,10 @@ impl Dispatcher {
     ///   differently with the setting on and off, or the suspect sequence above, is refused.
     fn unreadable(&self, shared: &Shared, sql: &str) -> Option<Rejection> {
         let in_flight = !shared.pending.is_empty();
-        if (in_flight || shared.encoding_hides_backslash) && hides_backslash(sql) && self.fences.may_name_any(sql) {
+        if (in_flight || shared.reported.encoding_hides_backslash)
+            && hides_backslash(sql)
+            && self.fences.may_name_any(sql)
+        {
             return Some(Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
                 message: "pgfence: statement has a multibyte character before a backslash, which this session's \
@@ -381,7 +377,7 @@ impl Dispatcher {
             });
         }
         if in_flight && sql.contains('\\') {
-            let scs = shared.standard_conforming_strings;
+            let scs = shared.reported.standard_conforming_strings;
             let (a, b) = (self.fences.analyze(sql, scs), self.fences.analyze(sql, !scs));
             if a != b && !(a.is_plain() && b.is_plain()) {
                 return Some(Rejection {
@@ -436,7 +432,9 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Parse(None, Some(defined)));
             return Some(raise_block(&r));
         }
-        let analysis = self.fences.analyze_parse(sql, shared.standard_conforming_strings);
+        let analysis = self
+            .fences
+            .analyze_parse(sql, shared.reported.standard_conforming_strings);
         let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
@@ -478,23 +476,14 @@ impl Dispatcher {
                     effect = Some(e);
                 }
             }
-            if let StmtKind::Savepoint(op) = &stmt.kind {
-                let e = Effect::Savepoint(op.clone());
-                self.speculate(&e);
-                effect = Some(e);
-            }
             let need = self.need(shared, &stmt.kind, self.batch);
             if let Some(decision) = self.decide(need) {
                 self.inject_extended(shared, decision, out);
             }
-            if let Some(e) = self.note_prepare(shared, &stmt.kind, self.batch) {
-                effect = Some(e);
-            }
             // Answered with the Sync that ends this batch.
-            if let Some(e) = self.note_deallocate(shared, &stmt.kind, self.sent + 1) {
+            if let Some(e) = self.note_effects(shared, &stmt.kind, self.batch, self.sent + 1) {
                 effect = Some(e);
             }
-            self.speculate_end(&stmt.kind);
         }
         shared.pending.push_back(Unit::Execute(None, effect));
     }

@@ -73,8 +73,7 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     } = est;
     let mut disp = Dispatcher::new(fences, declared.clone());
     let mut state = Shared::new(declared);
-    state.standard_conforming_strings = reported.standard_conforming_strings;
-    state.encoding_hides_backslash = reported.encoding_hides_backslash;
+    state.reported = reported;
     let shared = Mutex::new(state);
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = upstream.split();

@@ -15,6 +15,7 @@ use tracing::{debug, info};
 
 use super::context::DbFences;
 use super::declare::Declarations;
+use super::state::Reported;
 use crate::error::ProxyError;
 use crate::fence::epoch::Epoch;
 use crate::protocol::codec;
@@ -41,17 +42,6 @@ pub struct Established {
     pub _cancel_key: CancelKeyGuard,
     /// What the server reported at startup that decides how texts are read.
     pub reported: Reported,
-}
-
-/// Settings the server reports (ParameterStatus) that decide how pgfence must read the
-/// session's texts.
-#[derive(Debug, Clone, Copy)]
-pub struct Reported {
-    /// `standard_conforming_strings`.
-    pub standard_conforming_strings: bool,
-    /// Whether `client_encoding` may hide a backslash in a multibyte character
-    /// (`frame::client_encoding_hides_backslash`).
-    pub encoding_hides_backslash: bool,
 }
 
 /// Runs startup. `Ok(None)` when the connection was a cancel request or
@@ -182,10 +172,7 @@ async fn relay_auth(
     ctx: &ServerContext,
 ) -> Result<Option<(CancelKeyGuard, Reported)>, StartupError> {
     let mut key = None;
-    let mut reported = Reported {
-        standard_conforming_strings: true,
-        encoding_hides_backslash: false,
-    };
+    let mut reported = Reported::default();
     loop {
         let (tag, msg) = read_message(upstream).await?;
         match tag {
@@ -220,13 +207,7 @@ async fn relay_auth(
                 return Ok(None);
             }
             b'S' => {
-                let body = &msg[HEADER_LEN..];
-                if let Some(on) = crate::protocol::frame::standard_conforming_strings(body) {
-                    reported.standard_conforming_strings = on;
-                }
-                if let Some(hides) = crate::protocol::frame::client_encoding_hides_backslash(body) {
-                    reported.encoding_hides_backslash = hides;
-                }
+                reported.note(&msg[HEADER_LEN..]);
                 client.write_all(&msg).await?;
             }
             _ => client.write_all(&msg).await?,

@@ -27,7 +27,7 @@ use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
 use crate::protocol::{codec, frame};
 use crate::sql::FenceId;
-use crate::sql::classify::{Analysis, SavepointOp, Stmt, StmtKind};
+use crate::sql::classify::{Analysis, SavepointOp, StmtKind};
 
 /// What an injected unit was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +199,39 @@ fn name_taken(body: Option<&[u8]>) -> bool {
     body.and_then(frame::error_code) == Some(b"42P05".as_slice())
 }
 
+/// Settings the server reports (ParameterStatus), at startup and later, that decide how
+/// pgfence must read the session's texts.
+#[derive(Debug, Clone, Copy)]
+pub struct Reported {
+    /// `standard_conforming_strings`: it decides where string literals end.
+    pub standard_conforming_strings: bool,
+    /// Whether `client_encoding` may hide a backslash in a multibyte character
+    /// (`frame::client_encoding_hides_backslash`).
+    pub encoding_hides_backslash: bool,
+}
+
+impl Default for Reported {
+    /// Postgres' defaults: `standard_conforming_strings` on, `client_encoding` UTF8.
+    fn default() -> Self {
+        Self {
+            standard_conforming_strings: true,
+            encoding_hides_backslash: false,
+        }
+    }
+}
+
+impl Reported {
+    /// Takes in one ParameterStatus body.
+    pub fn note(&mut self, body: &[u8]) {
+        if let Some(on) = frame::standard_conforming_strings(body) {
+            self.standard_conforming_strings = on;
+        }
+        if let Some(hides) = frame::client_encoding_hides_backslash(body) {
+            self.encoding_hides_backslash = hides;
+        }
+    }
+}
+
 /// State shared by both directions of one session. Never held across an await.
 #[derive(Debug, Default)]
 pub struct Shared {
@@ -224,18 +257,14 @@ pub struct Shared {
     pub defined: u64,
     /// Portals: analysis and the batch they were bound in.
     pub portals: HashMap<String, (Arc<Analysis>, u64)>,
-    /// The server's `standard_conforming_strings` (from ParameterStatus): it decides
-    /// where string literals end, so analysis must follow it.
-    pub standard_conforming_strings: bool,
+    /// What the server reported that decides how texts are read.
+    pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
     pub draining: bool,
     /// Postgres is skipping messages until Sync after an error.
     skipping: bool,
     /// An error happened in the open transaction.
     tx_error: bool,
-    /// The session's `client_encoding` (from ParameterStatus) may hide a backslash
-    /// inside a multibyte character (see `frame::client_encoding_hides_backslash`).
-    pub encoding_hides_backslash: bool,
     /// Postgres is in COPY FROM STDIN and the client has not sent CopyDone or CopyFail
     /// yet: Postgres ignores the client's Sync and Flush meanwhile.
     pub copy_in: bool,
@@ -411,13 +440,7 @@ impl Shared {
     }
 
     fn on_parameter_status(&mut self, body: Option<&[u8]>) {
-        let body = body.unwrap_or_default();
-        if let Some(on) = frame::standard_conforming_strings(body) {
-            self.standard_conforming_strings = on;
-        }
-        if let Some(hides) = frame::client_encoding_hides_backslash(body) {
-            self.encoding_hides_backslash = hides;
-        }
+        self.reported.note(body.unwrap_or_default());
     }
 
     /// A statement completed (`C`, `I` or `s`).
@@ -497,18 +520,12 @@ impl Shared {
         if defs.len() >= MAX_DEFINITIONS
             && let Some(newest) = defs.last().map(|d| (d.id, d.batch))
         {
-            let anything = Stmt {
-                span: 0..0,
-                kind: StmtKind::Unanalysable { fences: Vec::new() },
-            };
+            let anything = StmtKind::Unanalysable { fences: Vec::new() };
             defs.clear();
             defs.push(Definition {
                 id: newest.0,
                 batch: newest.1,
-                analysis: Arc::new(Analysis {
-                    statements: vec![anything],
-                    uncertain: false,
-                }),
+                analysis: Arc::new(Analysis::of_kind(anything)),
             });
         }
         defs.push(Definition { id, batch, analysis });

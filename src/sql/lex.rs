@@ -324,27 +324,9 @@ impl<'a> Lexer<'a> {
     }
 
     /// Just after a literal's closing quote: where the quote that continues it
-    /// is, if one does. Postgres' `quotecontinue`: whitespace and `--`
-    /// comments with at least one newline (`\n` or `\r`) between the quotes.
+    /// is, if one does (see [`continuation`]).
     fn continuation(&self) -> Option<usize> {
-        let mut i = self.pos;
-        let mut newline = false;
-        loop {
-            match self.at(i)? {
-                b' ' | b'\t' | b'\x0b' | b'\x0c' => i += 1,
-                b'\n' | b'\r' => {
-                    newline = true;
-                    i += 1;
-                }
-                b'-' if self.at(i + 1) == Some(b'-') => {
-                    while !matches!(self.at(i), None | Some(b'\n' | b'\r')) {
-                        i += 1;
-                    }
-                }
-                b'\'' if newline => return Some(i),
-                _ => return None,
-            }
-        }
+        continuation(self.bytes, self.pos)
     }
 
     /// At a `$`: a parameter, a dollar-quoted string, or a lone `$`.
@@ -506,13 +488,32 @@ pub(crate) fn plain_string_value(raw: &str) -> Option<String> {
         if pos == b.len() {
             return String::from_utf8(out).ok();
         }
-        let rest = Lexer {
-            bytes: b,
-            pos,
-            lexing: Lexing::default(),
-            continued: false,
-        };
-        pos = rest.continuation()?;
+        pos = continuation(b, pos)?;
+    }
+}
+
+/// At byte `pos`, just after a literal's closing quote: where the quote that continues
+/// it is, if one does. Postgres' `quotecontinue`: whitespace and `--` comments with at
+/// least one newline (`\n` or `\r`) between the quotes.
+fn continuation(bytes: &[u8], pos: usize) -> Option<usize> {
+    let at = |i: usize| bytes.get(i).copied();
+    let mut i = pos;
+    let mut newline = false;
+    loop {
+        match at(i)? {
+            b' ' | b'\t' | b'\x0b' | b'\x0c' => i += 1,
+            b'\n' | b'\r' => {
+                newline = true;
+                i += 1;
+            }
+            b'-' if at(i + 1) == Some(b'-') => {
+                while !matches!(at(i), None | Some(b'\n' | b'\r')) {
+                    i += 1;
+                }
+            }
+            b'\'' if newline => return Some(i),
+            _ => return None,
+        }
     }
 }
 

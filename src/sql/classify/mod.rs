@@ -54,6 +54,15 @@ pub struct Analysis {
 }
 
 impl Analysis {
+    /// One statement of `kind` standing for a whole text whose spans do not matter: what
+    /// a prepared statement name runs.
+    pub fn of_kind(kind: StmtKind) -> Self {
+        Self {
+            statements: vec![Stmt { span: 0..0, kind }],
+            uncertain: false,
+        }
+    }
+
     /// Whether every statement is [`StmtKind::Other`] or ends a transaction, so the
     /// Query can be forwarded untouched.
     pub fn is_plain(&self) -> bool {
