@@ -8,10 +8,13 @@ use crate::fence::epoch::Epoch;
 use crate::fence::policy::Rejection;
 use crate::sql::declare::{self, Declaration, Setting};
 
-/// The change a declaration makes, or the PF003 rejection replacing it.
-pub fn effect(d: &Declaration) -> Result<Effect, Rejection> {
+/// The change a declaration makes, or the PF003 rejection replacing it. `defined`: the
+/// number of the client's last statement definition sent before it (`DISCARD ALL` drops
+/// those).
+pub fn effect(d: &Declaration, defined: u64) -> Result<Effect, Rejection> {
     match d {
-        Declaration::ResetAll | Declaration::DiscardAll => Ok(Effect::ResetAll),
+        Declaration::ResetAll => Ok(Effect::ResetAll),
+        Declaration::DiscardAll => Ok(Effect::DiscardAll(defined)),
         Declaration::Malformed { setting, reason } => Err(invalid(*setting, reason)),
         Declaration::Set { setting, scope, value } => {
             let scope = match scope {
@@ -51,7 +54,14 @@ mod tests {
     use crate::sql::Lexing;
 
     fn run(sql: &str) -> Result<Effect, Rejection> {
-        effect(&declare::parse(sql, Lexing::default()).expect("a declaration"))
+        effect(&declare::parse(sql, Lexing::default()).expect("a declaration"), 3)
+    }
+
+    #[test]
+    fn reset_all_and_discard_all() {
+        assert_eq!(run("RESET ALL"), Ok(Effect::ResetAll));
+        // DISCARD ALL also drops the statement definitions sent before it.
+        assert_eq!(run("DISCARD ALL"), Ok(Effect::DiscardAll(3)));
     }
 
     #[test]

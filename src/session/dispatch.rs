@@ -175,7 +175,7 @@ impl Dispatcher {
             }
             part.effect = self.note_effects(shared, &stmt.kind, batch, self.sent);
             if let StmtKind::Declare(d) = &stmt.kind {
-                match super::declaration::effect(d) {
+                match super::declaration::effect(d, shared.defined) {
                     Ok(effect) => {
                         self.speculate(&effect);
                         part.effect = Some(effect);
@@ -228,13 +228,18 @@ impl Dispatcher {
 
     /// A statement that may drop prepared statements, answered when
     /// [`Shared::answered`] reaches `answered_at`: until then pgfence's own may or may not
-    /// be gone. `DEALLOCATE ALL` and `DISCARD ALL` forget every statement when their
-    /// command tag arrives (see [`Shared`]); a `DEALLOCATE name` forgets the definitions
-    /// of that name sent before it when it completes (the effect returned), and leaves
-    /// them if it fails.
+    /// be gone. `DEALLOCATE ALL` and `DISCARD ALL` forget every definition sent before
+    /// them when they complete, and a `DEALLOCATE name` those of that name (the effect
+    /// returned; `DISCARD ALL`'s is its declaration's); a failed one forgets nothing.
+    /// Definitions sent after them stay.
     fn note_deallocate(&mut self, shared: &Shared, kind: &StmtKind, answered_at: u64) -> Option<Effect> {
         match kind {
-            StmtKind::Deallocate { name: None } | StmtKind::Declare(Declaration::DiscardAll) => {
+            StmtKind::Deallocate { name: None } => {
+                self.dealloc_until = answered_at;
+                Some(Effect::DeallocatedAll(shared.defined))
+            }
+            // Its effect is the declaration's (`Effect::DiscardAll`).
+            StmtKind::Declare(Declaration::DiscardAll) => {
                 self.dealloc_until = answered_at;
                 None
             }
@@ -438,7 +443,7 @@ impl Dispatcher {
         let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
-                if let Err(rejection) = super::declaration::effect(d) {
+                if let Err(rejection) = super::declaration::effect(d, shared.defined) {
                     replacement = Some(raise_block(&rejection));
                 }
             }
@@ -471,7 +476,7 @@ impl Dispatcher {
         let mut effect = None;
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
-                if let Ok(e) = super::declaration::effect(d) {
+                if let Ok(e) = super::declaration::effect(d, shared.defined) {
                     self.speculate(&e);
                     effect = Some(e);
                 }

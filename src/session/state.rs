@@ -94,8 +94,14 @@ pub enum Effect {
     Epoch(Scope, Option<Epoch>),
     /// `SET [LOCAL] pgfence.fence` (None = RESET).
     Fence(Scope, Option<String>),
-    /// `RESET ALL` / `DISCARD ALL`.
+    /// `RESET ALL`.
     ResetAll,
+    /// `DISCARD ALL`: `RESET ALL`, and the client's statement definitions numbered up to
+    /// this one are gone (those sent after it stay).
+    DiscardAll(u64),
+    /// `DEALLOCATE ALL`: the client's statement definitions numbered up to this one are
+    /// gone (those sent after it stay).
+    DeallocatedAll(u64),
     /// `SAVEPOINT`, `RELEASE` or `ROLLBACK TO` a savepoint.
     Savepoint(SavepointOp),
     /// A client's SQL `PREPARE` succeeded: only this definition of the name is left.
@@ -138,9 +144,9 @@ impl Effect {
         match self {
             Effect::Epoch(scope, v) => declared.epoch.set(scope, v),
             Effect::Fence(scope, v) => declared.fence.set(scope, v),
-            Effect::ResetAll => declared.reset_all(),
+            Effect::ResetAll | Effect::DiscardAll(_) => declared.reset_all(),
             Effect::Savepoint(op) => declared.savepoint(&op),
-            Effect::Prepared(_) | Effect::Deallocated(_) => {}
+            Effect::Prepared(_) | Effect::Deallocated(_) | Effect::DeallocatedAll(_) => {}
         }
     }
 }
@@ -456,8 +462,7 @@ impl Shared {
         }
         if tag == b'C' {
             let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();
-            let to_savepoint = matches!(effect, Some(Effect::Savepoint(SavepointOp::RollbackTo(_))));
-            self.on_command_tag(command, to_savepoint);
+            self.on_command_tag(command, effect.as_ref());
             if let Some(effect) = effect {
                 self.apply(effect);
             }
@@ -473,23 +478,27 @@ impl Shared {
     /// TRANSACTION and ROLLBACK say the transaction ended, and how, even when the next one
     /// starts before any ReadyForQuery (`COMMIT AND CHAIN`, `COMMIT; BEGIN` in one string):
     /// the guard that passed in it no longer holds anything. A COMMIT of a failed
-    /// transaction answers ROLLBACK. `to_savepoint`: the command was ROLLBACK TO SAVEPOINT,
-    /// whose tag is also ROLLBACK; it releases the guard's locks taken after the savepoint.
-    fn on_command_tag(&mut self, command: &[u8], to_savepoint: bool) {
+    /// transaction answers ROLLBACK; ROLLBACK TO SAVEPOINT (known by its `effect`) also
+    /// answers ROLLBACK and releases the guard's locks taken after the savepoint. `DISCARD
+    /// ALL` and `DEALLOCATE ALL` drop pgfence's own statements, and the client's as their
+    /// effect says (all of them when pgfence did not know the statement for one).
+    fn on_command_tag(&mut self, command: &[u8], effect: Option<&Effect>) {
+        let to_savepoint = matches!(effect, Some(Effect::Savepoint(SavepointOp::RollbackTo(_))));
         match command {
             b"COMMIT" | b"PREPARE TRANSACTION" => self.end_transaction(true),
             b"ROLLBACK" if to_savepoint => self.guarded = None,
             b"ROLLBACK" => self.end_transaction(false),
-            b"DISCARD ALL" => {
+            b"DISCARD ALL" | b"DEALLOCATE ALL" => {
                 self.own.clear();
-                self.statements.clear();
-                self.apply(Effect::ResetAll);
-            }
-            b"DEALLOCATE ALL" => {
-                self.own.clear();
-                // Also definitions sent after it and not confirmed yet: a name without
-                // any may run anything, so forgetting too much only refuses more.
-                self.statements.clear();
+                if !matches!(effect, Some(Effect::DiscardAll(_) | Effect::DeallocatedAll(_))) {
+                    // A statement pgfence did not know for one: forget the definitions sent
+                    // after it too. A name without any may run anything, so forgetting too
+                    // much only refuses more.
+                    self.statements.clear();
+                    if command == b"DISCARD ALL" {
+                        self.apply(Effect::ResetAll);
+                    }
+                }
             }
             _ => {}
         }
@@ -503,6 +512,13 @@ impl Shared {
                     self.own.insert(s, Prepared::No);
                 }
                 self.drop_upto(d);
+            }
+            Effect::DiscardAll(upto) | Effect::DeallocatedAll(upto) => {
+                let upto = *upto;
+                self.statements.retain(|_, defs| {
+                    defs.retain(|def| def.id > upto);
+                    !defs.is_empty()
+                });
             }
             _ => {}
         }

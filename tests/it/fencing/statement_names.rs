@@ -154,3 +154,34 @@ async fn redefined_names_run_what_they_now_are() {
     assert_eq!(got, want);
     assert_eq!(f.note().await.0, "init");
 }
+
+/// A `DISCARD ALL` or `DEALLOCATE ALL` answered while a definition sent after it is still
+/// unconfirmed drops only the definitions sent before it: the later name runs what it is
+/// (guarded), rather than counting as unknown and being refused with PF004.
+#[tokio::test]
+async fn a_definition_sent_after_a_discard_outlives_it() {
+    let f = Fixture::at_epoch_two().await;
+    // Keeps the definition unconfirmed while the next message is dispatched.
+    let slow = "SELECT pg_sleep(0.5)";
+    for drop in ["DISCARD ALL", "DEALLOCATE ALL"] {
+        let ways = [
+            ("PREPARE", vec![q(&format!("{slow}; PREPARE w AS {WRITE}"))], 1, vec![q("EXECUTE w")]),
+            ("Parse", vec![q(slow), parse("w", WRITE), sync()], 2, run_named("w")),
+        ];
+        for (how, define, answers, run_it) in ways {
+            for (epoch, want) in [("2", ""), ("1", "PF001")] {
+                let what = format!("{drop}, then {how}, epoch {epoch}");
+                let mut s = f.raw(f.proxy.port(), epoch, &[]).await;
+                s.send(&[q(drop), define.concat()].concat()).await;
+                // The drop is answered; the definition is not yet.
+                assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new(), "{what}");
+                s.send(&run_it.concat()).await;
+                for _ in 0..answers {
+                    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new(), "{what}");
+                }
+                let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+                assert_eq!(got.join(","), want, "{what}");
+            }
+        }
+    }
+}
