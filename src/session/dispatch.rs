@@ -62,10 +62,10 @@ pub struct Dispatcher {
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
     /// Syncs and Queries sent so far (batch numbers).
-    sent: u64,
+    pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
     /// and what runs up to each Sync (see `state::Definition::batch`).
-    batch: u64,
+    pub(super) batch: u64,
     /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
     /// so far is answered. Until then pgfence's prepared statements may be gone.
     dealloc_until: u64,
@@ -258,10 +258,12 @@ impl Dispatcher {
 
     /// SQL `PREPARE name AS inner`: a definition of `name`, in force once it succeeds (the
     /// effect returned).
-    fn note_prepare(&self, shared: &mut Shared, kind: &StmtKind, batch: u64) -> Option<Effect> {
+    fn note_prepare(&mut self, shared: &mut Shared, kind: &StmtKind, batch: u64) -> Option<Effect> {
         let StmtKind::Prepare { name, inner } = kind else {
             return None;
         };
+        // The name may now be this statement: no longer re-prepared as a rewrite one.
+        self.rw_statements.remove(name);
         let defined = shared.define(name, batch, Arc::new(Analysis::of_kind(inner.as_ref().clone())));
         Some(Effect::Prepared(defined))
     }
@@ -449,6 +451,9 @@ impl Dispatcher {
             }
         }
         let defined = shared.define(name, self.batch, analysis);
+        if let Some(rw) = self.rw_statements.get_mut(name) {
+            rw.last.id = defined.id;
+        }
         shared.pending.push_back(Unit::Parse(None, Some(defined)));
         replacement
     }

@@ -7,14 +7,19 @@
 //! Extended protocol: a Parse is rewritten for the session's (speculative)
 //! epoch when one is declared, else forwarded as written. Because the epoch is
 //! a literal, a prepared statement is only right for one epoch, so each client
-//! statement remembers the epoch it was prepared for. At Bind, if the session's
-//! epoch is now another one (or the statement was parsed before any epoch was
-//! declared), `Close(S name)` + `Parse(name, rewritten, same parameter types)`
-//! go upstream first; their replies are swallowed. A statement without an epoch
-//! stays as written and its Execute is refused (PF002) before it runs. A portal
-//! remembers the epoch it was bound with: if the epoch changes between its Bind
-//! and its Execute, the Execute is refused (PF004) instead of writing with the
-//! old epoch.
+//! statement remembers the last Parse pgfence sent for it and the epoch that
+//! one carries. At Bind, unless Postgres is sure to hold a statement for the
+//! session's epoch, `Close(S name)` + `Parse(name, rewritten, same parameter
+//! types)` go upstream first (a re-prepare); their replies are swallowed.
+//! Postgres is sure to hold it when that Parse was sent in the same batch as
+//! the Bind (if it fails or is skipped, so is the Bind), or when Postgres
+//! confirmed it (see [`Dispatcher::upstream`]). A Parse that is still in
+//! flight, or that failed or was skipped after an error, proves nothing: the
+//! old statement, with an old epoch, may still be there. A statement without
+//! an epoch stays as written and its Execute is refused (PF002) before it runs.
+//! A portal remembers the epoch it was bound with: if the epoch changes between
+//! its Bind and its Execute, the Execute is refused (PF004) instead of writing
+//! with the old epoch.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -60,8 +65,40 @@ pub(super) struct RwStatement {
     pub(super) params: Vec<u8>,
     /// Whether `full` is the client's exact text (it was valid UTF-8).
     pub(super) exact: bool,
-    /// The epoch the upstream statement carries (`None`: the client's text).
-    pub(super) prepared_for: Option<Epoch>,
+    /// What it does, for the definitions a re-prepare adds (`Shared::statements`).
+    pub(super) analysis: Arc<Analysis>,
+    /// The last Parse of the name pgfence sent upstream: the client's or a re-prepare.
+    pub(super) last: LastParse,
+}
+
+/// A Parse pgfence sent upstream for a rewrite statement.
+#[derive(Debug, Clone)]
+pub(super) struct LastParse {
+    /// Its definition number (`Shared::define`); set by the caller of
+    /// [`Dispatcher::parse_rewrite`] for the client's Parse.
+    pub(super) id: u64,
+    /// Its batch.
+    pub(super) batch: u64,
+    /// The [`Shared::answered`] count at which it is answered.
+    pub(super) answered_at: u64,
+    /// The epoch written into it (`None`: the client's text as written).
+    pub(super) epoch: Option<Epoch>,
+    /// Whether it is the client's own Parse (else a re-prepare).
+    pub(super) by_client: bool,
+}
+
+/// What the statement behind a rewrite statement's name will be when a Bind sent
+/// now runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Upstream {
+    /// The last Parse pgfence sent, carrying this epoch.
+    Holds(Option<Epoch>),
+    /// Not known: that Parse is in flight, or a re-prepare failed (its Close may have
+    /// run). A re-prepare makes it known.
+    Unknown,
+    /// The client's own Parse failed or was skipped: whatever Postgres holds under
+    /// the name, it is not this statement.
+    NotThis,
 }
 
 fn unanalysable(message: String, hint: &str) -> Rejection {
@@ -156,12 +193,13 @@ impl Dispatcher {
     }
 
     /// Parse of a statement that writes a rewrite-mode table: remembers it and
-    /// returns the rewritten text when the session has an epoch.
+    /// returns the rewritten text when the session has an epoch. The caller
+    /// sets the definition number (`last.id`).
     pub(super) fn parse_rewrite(
         &mut self,
         name: &str,
         sql: &str,
-        analysis: &Analysis,
+        analysis: &Arc<Analysis>,
         params: &[u8],
         exact: bool,
     ) -> Option<String> {
@@ -181,11 +219,18 @@ impl Dispatcher {
             fences: fences.clone(),
             params: params.to_vec(),
             exact,
-            prepared_for: None,
+            analysis: analysis.clone(),
+            last: LastParse {
+                id: 0,
+                batch: self.batch,
+                answered_at: self.sent + 1,
+                epoch: None,
+                by_client: true,
+            },
         };
         let text = match self.plan(&rw.fences, &sql[rw.span.clone()], exact) {
             Plan::Rewrite { epoch, text, .. } => {
-                rw.prepared_for = Some(epoch);
+                rw.last.epoch = Some(epoch);
                 Some(splice(&rw, &text))
             }
             _ => None,
@@ -194,28 +239,81 @@ impl Dispatcher {
         text
     }
 
-    /// Bind: re-prepares the statement for the session's current epoch when
-    /// it was prepared for another one (appending to `out`), and records the
-    /// epoch the portal carries.
+    /// What Postgres will hold under rewrite statement `name` when a Bind sent now
+    /// runs. Sure when the last Parse pgfence sent for it is in this batch (if that
+    /// one fails or is skipped, so is the Bind), or when Postgres confirmed it and
+    /// nothing removed it since: it is then the first of the name's definitions
+    /// (`Shared::statements`; a later Parse of the name would have replaced `rw`).
+    pub(super) fn upstream(&self, shared: &Shared, name: &str, rw: &RwStatement) -> Upstream {
+        let last = &rw.last;
+        if last.batch == self.batch {
+            return Upstream::Holds(last.epoch);
+        }
+        let confirmed = shared
+            .statements
+            .get(name)
+            .and_then(|defs| defs.first())
+            .is_some_and(|d| d.id == last.id);
+        if confirmed {
+            Upstream::Holds(last.epoch)
+        } else if shared.answered < last.answered_at || !last.by_client {
+            Upstream::Unknown
+        } else {
+            Upstream::NotThis
+        }
+    }
+
+    /// Bind: re-prepares the statement for the session's current epoch unless
+    /// Postgres is sure to hold it for that epoch (appending to `out`), and
+    /// records the epoch the portal carries.
     pub(super) fn bind_rewrite(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
         let Some(rw) = self.rw_statements.get(statement) else {
             self.rw_portals.remove(portal);
             return;
         };
+        let upstream = self.upstream(shared, statement, rw);
+        if upstream == Upstream::NotThis {
+            // Reject mode's rules for a name: a rewrite write run by it is refused
+            // (PF004) unless Postgres refuses the Bind first.
+            self.rw_statements.remove(statement);
+            self.rw_portals.remove(portal);
+            return;
+        }
         let plan = self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact);
+        let mut bound = match upstream {
+            Upstream::Holds(epoch) => epoch,
+            _ => None,
+        };
+        // In a transaction known to be aborted the Bind fails (25P02) whatever it
+        // names; a re-prepare there would lose the statement (its Close works, its
+        // Parse fails), so it waits for a later Bind.
+        let aborted = shared.tx_status == b'E' && shared.pending.is_empty();
         if let Plan::Rewrite { epoch, text, .. } = plan
-            && rw.prepared_for != Some(epoch)
+            && bound != Some(epoch)
+            && !aborted
         {
             let sql = splice(rw, &text);
+            let (params, analysis) = (rw.params.clone(), rw.analysis.clone());
             crate::protocol::codec::close_statement(out, statement);
             shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
-            parse_raw(out, statement, &sql, &rw.params);
-            shared.pending.push_back(Unit::Parse(Some(Injected::Plumbing), None));
+            parse_raw(out, statement, &sql, &params);
+            // A definition of the name like the client's: confirming it drops the older ones.
+            let defined = shared.define(statement, self.batch, analysis);
+            let id = defined.id;
+            shared
+                .pending
+                .push_back(Unit::Parse(Some(Injected::Plumbing), Some(defined)));
             if let Some(rw) = self.rw_statements.get_mut(statement) {
-                rw.prepared_for = Some(epoch);
+                rw.last = LastParse {
+                    id,
+                    batch: self.batch,
+                    answered_at: self.sent + 1,
+                    epoch: Some(epoch),
+                    by_client: false,
+                };
             }
+            bound = Some(epoch);
         }
-        let bound = self.rw_statements.get(statement).and_then(|r| r.prepared_for);
         self.rw_portals.insert(portal.to_owned(), (statement.to_owned(), bound));
     }
 

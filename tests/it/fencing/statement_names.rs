@@ -165,7 +165,12 @@ async fn a_definition_sent_after_a_discard_outlives_it() {
     let slow = "SELECT pg_sleep(0.5)";
     for drop in ["DISCARD ALL", "DEALLOCATE ALL"] {
         let ways = [
-            ("PREPARE", vec![q(&format!("{slow}; PREPARE w AS {WRITE}"))], 1, vec![q("EXECUTE w")]),
+            (
+                "PREPARE",
+                vec![q(&format!("{slow}; PREPARE w AS {WRITE}"))],
+                1,
+                vec![q("EXECUTE w")],
+            ),
             ("Parse", vec![q(slow), parse("w", WRITE), sync()], 2, run_named("w")),
         ];
         for (how, define, answers, run_it) in ways {
@@ -174,10 +179,18 @@ async fn a_definition_sent_after_a_discard_outlives_it() {
                 let mut s = f.raw(f.proxy.port(), epoch, &[]).await;
                 s.send(&[q(drop), define.concat()].concat()).await;
                 // The drop is answered; the definition is not yet.
-                assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new(), "{what}");
+                assert_eq!(
+                    codes(&s.read_until(|m| m.tag == b'Z').await),
+                    Vec::<String>::new(),
+                    "{what}"
+                );
                 s.send(&run_it.concat()).await;
                 for _ in 0..answers {
-                    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new(), "{what}");
+                    assert_eq!(
+                        codes(&s.read_until(|m| m.tag == b'Z').await),
+                        Vec::<String>::new(),
+                        "{what}"
+                    );
                 }
                 let got = codes(&s.read_until(|m| m.tag == b'Z').await);
                 assert_eq!(got.join(","), want, "{what}");

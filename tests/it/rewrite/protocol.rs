@@ -1,7 +1,8 @@
 //! The extended protocol: statements are rewritten for the epoch current at
 //! Bind, whenever they were prepared.
 
-use super::fixture;
+use super::{fixture, update_note};
+use crate::common::raw::{Msg, Raw, bind, execute, message, parse, query, sync, tags};
 use crate::fencing::code;
 
 #[tokio::test]
@@ -69,4 +70,193 @@ async fn rewrite_set_inside_a_transaction_applies_to_the_next_execute() {
     s.batch_execute("COMMIT").await.unwrap();
     // SET LOCAL ended: back at 3.
     assert_eq!(s.execute(&st, &[&2i32]).await.unwrap(), 1);
+}
+
+/// Command tags and error codes of `msgs`, in order: `UPDATE 1`, `E 22012`, …
+fn outcomes(msgs: &[Msg]) -> Vec<String> {
+    msgs.iter()
+        .filter_map(|m| match m.tag {
+            b'C' => Some(String::from_utf8_lossy(m.body.strip_suffix(b"\0").unwrap_or(&m.body)).into_owned()),
+            b'E' => m.code().map(|c| format!("E {c}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sends `msgs` and reads up to ReadyForQuery.
+async fn batch(raw: &mut Raw, msgs: &[Vec<u8>]) -> Vec<String> {
+    raw.send(&msgs.concat()).await;
+    outcomes(&raw.read_until(|m| m.tag == b'Z').await)
+}
+
+const UPDATE_U: &str = "UPDATE sweep_state SET note = $1 WHERE id = 1";
+
+/// A re-prepare for a new epoch that Postgres skipped (an error earlier in its batch)
+/// is sent again at the next Bind: pgfence does not take a re-prepare it sent for one
+/// that ran. Both ways: a leader that moved up must write its new epoch (else a stale
+/// writer between the two could overwrite its row), and a session that moved back
+/// must not write with the newer epoch its statement was prepared for.
+#[tokio::test]
+async fn a_reprepare_skipped_after_an_error_is_sent_again() {
+    let f = fixture(false).await;
+    // (startup epoch, epoch of the Parse, epoch of the write, the other writer's epoch)
+    for (start, parsed, writes, other) in [("80", 80, 90, 85), ("80", 90, 80, 85)] {
+        let what = format!("prepared at {parsed}, written at {writes}");
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
+            .await
+            .unwrap();
+        let mut a = f.raw(f.proxy.port(), start, &[]).await;
+        a.simple(&format!("SET pgfence.epoch = {parsed}")).await;
+        assert_eq!(
+            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
+            Vec::<String>::new()
+        );
+        a.simple(&format!("SET pgfence.epoch = {writes}")).await;
+        // The row at the epoch in between, when the session moved back.
+        if writes < other {
+            assert_eq!(update_note(&f.leader(other).await, "other").await, 1, "{what}");
+        }
+        // An error first: Postgres skips the re-prepare and the client's Bind alike.
+        let failed = [
+            parse("", "SELECT 1/0"),
+            bind("", "", &[]),
+            execute(""),
+            bind("", "u", &["skipped"]),
+            execute(""),
+            sync(),
+        ];
+        assert_eq!(batch(&mut a, &failed).await, ["E 22012"], "{what}");
+        let write = [bind("", "u", &["a"]), execute(""), sync()];
+        if writes > other {
+            assert_eq!(batch(&mut a, &write).await, ["UPDATE 1"], "{what}");
+            assert_eq!(f.note().await, ("a".to_owned(), writes), "{what}");
+            // The stale writer in between touches nothing.
+            assert_eq!(update_note(&f.leader(other).await, "other").await, 0, "{what}");
+            assert_eq!(f.note().await, ("a".to_owned(), writes), "{what}");
+        } else {
+            assert_eq!(batch(&mut a, &write).await, ["UPDATE 0"], "{what}");
+            assert_eq!(f.note().await, ("other".to_owned(), other), "{what}");
+        }
+    }
+    // Control: straight to Postgres, a stale write lands on the row a newer epoch wrote.
+    let direct = f.direct().await;
+    assert_eq!(update_note(&direct, "stale").await, 1);
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// A re-prepare is not sent inside a transaction known to be aborted, where its Close
+/// would run and its Parse fail: the client's statement survives the failed
+/// transaction (Postgres answers its Bind with 25P02, as straight to Postgres), and the
+/// next Bind after ROLLBACK writes at the new epoch. Also when the Bind comes in the
+/// same pipeline as the error, where the re-prepare does run and fail: the next Bind
+/// prepares it again.
+#[tokio::test]
+async fn a_statement_survives_an_epoch_change_in_an_aborted_transaction() {
+    let f = fixture(false).await;
+    for pipelined in [false, true] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let what = format!("pipelined: {pipelined}, through pgfence: {}", port == f.proxy.port());
+            f.admin
+                .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
+                .await
+                .unwrap();
+            let mut a = f.raw(port, "80", &[]).await;
+            assert_eq!(
+                batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
+                Vec::<String>::new()
+            );
+            a.simple("SET pgfence.epoch = 82").await;
+            let in_failed = [bind("", "u", &["x"]), execute(""), sync()];
+            if pipelined {
+                let mut msgs = vec![query("BEGIN"), query("SELECT 1/0")];
+                msgs.extend(in_failed);
+                let got = batch(&mut a, &msgs).await;
+                assert_eq!(got, ["BEGIN"], "{what}");
+                let got = outcomes(&a.read_until(|m| m.tag == b'Z').await);
+                assert_eq!(got, ["E 22012"], "{what}");
+                let got = outcomes(&a.read_until(|m| m.tag == b'Z').await);
+                assert_eq!(got, ["E 25P02"], "{what}");
+            } else {
+                a.simple("BEGIN").await;
+                a.simple("SELECT 1/0").await;
+                assert_eq!(batch(&mut a, &in_failed).await, ["E 25P02"], "{what}");
+                // Described as Postgres describes it: the statement is still there.
+                a.send(&[message(b'D', b"Su\0"), sync()].concat()).await;
+                assert_eq!(tags(&a.read_until(|m| m.tag == b'Z').await), "tnZ", "{what}");
+            }
+            a.simple("ROLLBACK").await;
+            for note in ["one", "two"] {
+                let got = batch(&mut a, &[bind("", "u", &[note]), execute(""), sync()]).await;
+                assert_eq!(got, ["UPDATE 1"], "{what}");
+            }
+            let want = if port == f.proxy.port() { 82 } else { 1 };
+            assert_eq!(f.note().await, ("two".to_owned(), want), "{what}");
+        }
+    }
+}
+
+/// A client's Parse of a name that is taken fails (42P05) and leaves the old statement
+/// in place: pgfence does not take the new text for it. A rewrite write run by that
+/// name afterwards is refused (PF004) rather than re-prepared from a text Postgres
+/// never accepted.
+#[tokio::test]
+async fn a_failed_parse_of_a_taken_name_is_not_taken_for_the_statement() {
+    let f = fixture(false).await;
+    let mut a = f.raw(f.proxy.port(), "80", &[]).await;
+    assert_eq!(
+        batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
+        Vec::<String>::new()
+    );
+    let other = "UPDATE sweep_state SET note = 'other' WHERE id = 1";
+    assert_eq!(batch(&mut a, &[parse("u", other), sync()]).await, ["E 42P05"]);
+    a.simple("SET pgfence.epoch = 81").await;
+    let got = batch(&mut a, &[bind("", "u", &["x"]), execute(""), sync()]).await;
+    assert_eq!(got, ["E PF004"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control: straight to Postgres the old statement runs.
+    let mut d = f.raw(f.cluster.port(), "80", &[]).await;
+    assert_eq!(
+        batch(&mut d, &[parse("u", UPDATE_U), sync()]).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(batch(&mut d, &[parse("u", other), sync()]).await, ["E 42P05"]);
+    let got = batch(&mut d, &[bind("", "u", &["x"]), execute(""), sync()]).await;
+    assert_eq!(got, ["UPDATE 1"]);
+    assert_eq!(f.note().await.0, "x");
+}
+
+/// A rewrite statement's name taken over by SQL `PREPARE` (after a `DEALLOCATE`) runs
+/// the new statement: pgfence no longer re-prepares the old text under it. Pipelined,
+/// before Postgres confirmed anything, the name may be either statement, and a write
+/// by it is refused (PF004) instead.
+#[tokio::test]
+async fn a_name_prepared_again_in_sql_runs_the_new_statement() {
+    let f = fixture(false).await;
+    for pipelined in [false, true] {
+        let mut a = f.raw(f.proxy.port(), "80", &[]).await;
+        assert_eq!(
+            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
+            Vec::<String>::new()
+        );
+        let setup = [
+            query("DEALLOCATE u"),
+            query("PREPARE u (text) AS SELECT $1"),
+            query("SET pgfence.epoch = 81"),
+        ];
+        let run = [bind("", "u", &["x"]), execute(""), sync()];
+        if pipelined {
+            a.send(&[setup.concat(), run.concat()].concat()).await;
+            for want in ["DEALLOCATE", "PREPARE", "SET"] {
+                assert_eq!(outcomes(&a.read_until(|m| m.tag == b'Z').await), [want]);
+            }
+            assert_eq!(outcomes(&a.read_until(|m| m.tag == b'Z').await), ["E PF004"]);
+        } else {
+            for msg in setup {
+                assert_eq!(batch(&mut a, &[msg]).await.len(), 1);
+            }
+            assert_eq!(batch(&mut a, &run).await, ["SELECT 1"]);
+        }
+        assert_eq!(f.note().await.0, "init", "pipelined: {pipelined}");
+    }
 }
