@@ -38,6 +38,16 @@ pub const REJECT_SQL: &str = "SELECT pgfence.reject($1, $2, $3)";
 /// Parameter type OIDs of [`REJECT_SQL`] for a Parse message: text, text, text.
 pub const REJECT_PARAM_TYPES: [u32; 3] = [25, 25, 25];
 
+/// A rejection that Postgres raises only if the session holds a prepared statement named
+/// `$4`: for SQL `EXECUTE` of a name pgfence has seen no definition of. Without one,
+/// nothing is raised and the `EXECUTE` fails as Postgres fails it (26000); with one (made
+/// where pgfence cannot see, inside a function or `DO`), the rejection stands.
+pub const REJECT_IF_PREPARED_SQL: &str =
+    "SELECT pgfence.reject($1, $2, $3) FROM pg_catalog.pg_prepared_statements WHERE name = $4";
+
+/// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: text, text, text, text.
+pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 4] = [25, 25, 25, 25];
+
 /// The guard call for the simple protocol, without a trailing semicolon, e.g.
 /// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`.
 ///
@@ -80,6 +90,15 @@ pub fn reject_call(code: &str, message: &str, hint: &str) -> String {
     sql.push_str(", ");
     push_literal(&mut sql, hint);
     sql.push(')');
+    sql
+}
+
+/// [`reject_call`] raised only if the session holds a prepared statement named `name`,
+/// for the simple protocol (see [`REJECT_IF_PREPARED_SQL`]).
+pub fn reject_if_prepared_call(name: &str, code: &str, message: &str, hint: &str) -> String {
+    let mut sql = reject_call(code, message, hint);
+    sql.push_str(" FROM pg_catalog.pg_prepared_statements WHERE name = ");
+    push_literal(&mut sql, name);
     sql
 }
 
@@ -166,6 +185,14 @@ mod tests {
         assert_eq!(
             guard_params("f", e, None, true),
             [Some("f".to_owned()), Some("12".to_owned()), None, Some("t".to_owned())]
+        );
+    }
+
+    #[test]
+    fn reject_if_prepared_call_quotes_the_name() {
+        assert_eq!(
+            reject_if_prepared_call("it's", "PF004", "m", ""),
+            "SELECT pgfence.reject('PF004', 'm', '') FROM pg_catalog.pg_prepared_statements WHERE name = 'it''s'"
         );
     }
 

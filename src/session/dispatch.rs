@@ -31,6 +31,10 @@ enum Need {
     Write(Vec<FenceId>),
     /// May write these fences (none listed: any fence) and cannot be analysed.
     Unanalysable(Vec<FenceId>),
+    /// SQL `EXECUTE` of a name pgfence knows no definition of. Postgres fails it (26000)
+    /// unless it holds a statement of that name that pgfence never saw (prepared inside
+    /// a function or `DO`), which may write any fence: refused only then.
+    Missing(String),
 }
 
 impl Need {
@@ -42,11 +46,14 @@ impl Need {
                 a.extend(b);
                 Need::Write(a)
             }
-            (Need::Unanalysable(a), _) | (_, Need::Unanalysable(a)) if a.is_empty() => Need::Unanalysable(a),
-            (Need::Write(mut a) | Need::Unanalysable(mut a), Need::Write(b) | Need::Unanalysable(b)) => {
+            (Need::Write(mut a) | Need::Unanalysable(mut a), Need::Write(b) | Need::Unanalysable(b))
+                if !a.is_empty() && !b.is_empty() =>
+            {
                 a.extend(b);
                 Need::Unanalysable(a)
             }
+            // Either may write any fence (none listed, or a name with no known definition).
+            _ => Need::Unanalysable(Vec::new()),
         }
     }
 }
@@ -286,6 +293,15 @@ impl Dispatcher {
             [only] => only.analysis.clone(),
             _ => Arc::default(),
         };
+        // `EXECUTE other` where `other` has no known definition: looked up again when it
+        // runs (`need`), where Postgres decides whether it exists.
+        if let [only] = defs
+            && let [stmt] = only.analysis.statements.as_slice()
+            && let StmtKind::Execute { name } = &stmt.kind
+            && self.missing(shared, name)
+        {
+            return as_is();
+        }
         // The usual case, one definition that stands for itself: nothing to compute.
         if let [only] = defs
             && !only.analysis.statements.iter().any(|s| self.widened(&s.kind))
@@ -403,6 +419,10 @@ impl Dispatcher {
 
     /// Guard or rejection call for one fenced statement in a simple Query.
     fn simple_check(&self, shared: &Shared, need: Need, single: bool) -> Option<(Injected, String)> {
+        let if_prepared = match &need {
+            Need::Missing(name) => Some(name.clone()),
+            _ => None,
+        };
         match self.decide(need)? {
             Decision::Guard { fence, epoch } => {
                 // Within a transaction that already passed this guard, another adds nothing.
@@ -416,7 +436,13 @@ impl Dispatcher {
                     guard_sql::guard_call(name, epoch, lease, self.keeps_hwm(fence)),
                 ))
             }
-            Decision::Reject(r) => Some((Injected::Reject, guard_sql::reject_call(r.code, &r.message, &r.hint))),
+            Decision::Reject(r) => {
+                let call = match if_prepared {
+                    Some(name) => guard_sql::reject_if_prepared_call(&name, r.code, &r.message, &r.hint),
+                    None => guard_sql::reject_call(r.code, &r.message, &r.hint),
+                };
+                Some((Injected::Reject, call))
+            }
         }
     }
 
@@ -472,7 +498,7 @@ impl Dispatcher {
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         if let Some(decision) = self.execute_rewrite(portal) {
             if let Some(decision) = decision {
-                self.inject_extended(shared, decision, out);
+                self.inject_extended(shared, decision, None, out);
             }
             shared.pending.push_back(Unit::Execute(None, None));
             return;
@@ -487,8 +513,12 @@ impl Dispatcher {
                 }
             }
             let need = self.need(shared, &stmt.kind, self.batch);
+            let if_prepared = match &need {
+                Need::Missing(name) => Some(name.clone()),
+                _ => None,
+            };
             if let Some(decision) = self.decide(need) {
-                self.inject_extended(shared, decision, out);
+                self.inject_extended(shared, decision, if_prepared, out);
             }
             // Answered with the Sync that ends this batch.
             if let Some(e) = self.note_effects(shared, &stmt.kind, self.batch, self.sent + 1) {
@@ -549,7 +579,15 @@ impl Dispatcher {
         shared.pending.push_back(Unit::FunctionCall);
     }
 
-    fn inject_extended(&mut self, shared: &mut Shared, decision: Decision, out: &mut BytesMut) {
+    /// Appends the guard or rejection to run before an Execute. `if_prepared`: the
+    /// rejection is raised only if a statement of that name is prepared (`Need::Missing`).
+    fn inject_extended(
+        &mut self,
+        shared: &mut Shared,
+        decision: Decision,
+        if_prepared: Option<String>,
+        out: &mut BytesMut,
+    ) {
         let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
             Decision::Guard { fence, epoch } => {
                 if shared.guard_still_held(fence, epoch) {
@@ -563,11 +601,17 @@ impl Dispatcher {
                     (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
                 }
             }
-            Decision::Reject(r) => (
-                OwnStatement::Reject,
-                Injected::Reject,
-                vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint)],
-            ),
+            Decision::Reject(r) => {
+                let mut params = vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint)];
+                let own = match if_prepared {
+                    Some(name) => {
+                        params.push(Some(name));
+                        OwnStatement::RejectIfPrepared
+                    }
+                    None => OwnStatement::Reject,
+                };
+                (own, Injected::Reject, params)
+            }
         };
         let name = own.name();
         let prepared = shared.own.get(&own).copied().unwrap_or_default();
@@ -579,6 +623,10 @@ impl Dispatcher {
                 OwnStatement::Guard => (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec()),
                 OwnStatement::Reject => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
                 OwnStatement::Probe => (guard_sql::PROBE_SQL, Vec::new()),
+                OwnStatement::RejectIfPrepared => (
+                    guard_sql::REJECT_IF_PREPARED_SQL,
+                    guard_sql::REJECT_IF_PREPARED_PARAM_TYPES.to_vec(),
+                ),
             };
             if prepared != Prepared::No {
                 // It may be there or not (a Parse from an earlier batch, a DEALLOCATE in
@@ -605,12 +653,18 @@ impl Dispatcher {
     /// definitions (see [`Self::resolve`]).
     fn need(&self, shared: &Shared, kind: &StmtKind, batch: u64) -> Need {
         match kind {
+            StmtKind::Execute { name } if self.missing(shared, name) => Need::Missing(name.clone()),
             StmtKind::Execute { name } => match self.resolve(shared, name, batch).statements.as_slice() {
                 [stmt] => self.kind_need(&stmt.kind),
                 _ => Need::None,
             },
             kind => self.kind_need(kind),
         }
+    }
+
+    /// Whether client statement `name` has no known definition, on a database with fences.
+    fn missing(&self, shared: &Shared, name: &str) -> bool {
+        !self.fences.applicable.is_empty() && shared.statements.get(name).is_none_or(Vec::is_empty)
     }
 
     /// What a statement needs by its own kind.
@@ -632,6 +686,24 @@ impl Dispatcher {
             Need::None => None,
             Need::Write(f) => Some(policy::decide(Access::Write(&f), declared, names, applicable)),
             Need::Unanalysable(f) => Some(policy::decide(Access::Unanalysable(&f), declared, names, applicable)),
+            Need::Missing(name) => {
+                let list = applicable
+                    .iter()
+                    .filter_map(|f| names.get(usize::from(f.0)))
+                    .map(|n| format!("\"{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                Some(Decision::Reject(Rejection {
+                    code: crate::error::sqlstate::UNANALYSABLE,
+                    message: format!(
+                        "pgfence: prepared statement \"{name}\" was prepared where pgfence cannot see it and may \
+                         write a table of fence {list}; refused"
+                    ),
+                    hint: "Prepare statements that write fenced tables with PREPARE or the protocol's Parse, not \
+                           inside a function or DO."
+                        .into(),
+                }))
+            }
         }
     }
 

@@ -51,10 +51,18 @@ pub enum OwnStatement {
     Reject,
     /// The schema probe of rewrite fences without a lease (see `fence::call::PROBE_SQL`).
     Probe,
+    /// `pgfence.reject` if a statement of that name is prepared
+    /// (`fence::call::REJECT_IF_PREPARED_SQL`).
+    RejectIfPrepared,
 }
 
 impl OwnStatement {
-    const ALL: [OwnStatement; 3] = [OwnStatement::Guard, OwnStatement::Reject, OwnStatement::Probe];
+    const ALL: [OwnStatement; 4] = [
+        OwnStatement::Guard,
+        OwnStatement::Reject,
+        OwnStatement::Probe,
+        OwnStatement::RejectIfPrepared,
+    ];
 
     /// The statement a client names, when it is one of pgfence's.
     pub fn named(name: &str) -> Option<OwnStatement> {
@@ -67,6 +75,7 @@ impl OwnStatement {
             OwnStatement::Guard => "pgfence_guard_v1",
             OwnStatement::Reject => "pgfence_reject_v1",
             OwnStatement::Probe => "pgfence_probe_v1",
+            OwnStatement::RejectIfPrepared => "pgfence_reject_if_prepared_v1",
         }
     }
 }

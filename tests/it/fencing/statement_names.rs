@@ -4,7 +4,8 @@
 //! fenced write by name without the guard; each test has its control, the same
 //! messages straight to Postgres, where the stale write lands.
 
-use super::Fixture;
+use super::{Fixture, code};
+use crate::common::pg::connect;
 use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, sync};
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
@@ -195,6 +196,42 @@ async fn a_definition_sent_after_a_discard_outlives_it() {
                 let got = codes(&s.read_until(|m| m.tag == b'Z').await);
                 assert_eq!(got.join(","), want, "{what}");
             }
+        }
+    }
+}
+
+/// SQL `EXECUTE` of a name pgfence knows no definition of fails as Postgres fails it
+/// (26000), in both protocols. If the session does hold such a statement, prepared where
+/// pgfence cannot see (inside `DO`), it is refused (PF004): it may write anything.
+#[tokio::test]
+async fn an_execute_of_an_unknown_name_fails_as_in_postgres_unless_prepared_unseen() {
+    let f = Fixture::at_epoch_two().await;
+    let hidden =
+        "DO $$ BEGIN EXECUTE 'PREPARE hidden AS UPDATE sweep_' || 'state SET note = ''stale'' WHERE id = 1'; END $$";
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let through = port == f.proxy.port();
+        let s = connect(port, &f.db, "-c pgfence.epoch=1").await;
+        for sql in ["EXECUTE nosuch", "EXPLAIN ANALYZE EXECUTE nosuch"] {
+            assert_eq!(
+                code(&s.batch_execute(sql).await),
+                "26000",
+                "{sql}, simple, through pgfence: {through}"
+            );
+            assert_eq!(
+                code(&s.execute(sql, &[]).await),
+                "26000",
+                "{sql}, extended, through pgfence: {through}"
+            );
+        }
+        s.batch_execute(hidden).await.unwrap();
+        if through {
+            assert_eq!(code(&s.batch_execute("EXECUTE hidden").await), "PF004");
+            assert_eq!(code(&s.execute("EXECUTE hidden", &[]).await), "PF004");
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            // Control: straight to Postgres the stale write lands.
+            s.batch_execute("EXECUTE hidden").await.unwrap();
+            assert_eq!(f.note().await.0, "stale");
         }
     }
 }
