@@ -116,6 +116,39 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// The whole ErrorResponse message (type byte and length included) of `body` without
+/// the fields that say where inside the server it was raised: `W` (CONTEXT), `q` and `p`
+/// (the internal query and a position in it). `None` when it has none of them or is
+/// malformed.
+pub fn error_without_context(body: &[u8]) -> Option<bytes::BytesMut> {
+    let mut kept = Vec::with_capacity(body.len());
+    let mut dropped = false;
+    let mut r = Body::new(body);
+    loop {
+        let field = r.u8()?;
+        if field == 0 {
+            break;
+        }
+        let value = r.cstr()?;
+        if matches!(field, b'W' | b'q' | b'p') {
+            dropped = true;
+        } else {
+            kept.push(field);
+            kept.extend_from_slice(value);
+            kept.push(0);
+        }
+    }
+    if !dropped {
+        return None;
+    }
+    kept.push(0);
+    let mut out = bytes::BytesMut::with_capacity(kept.len() + 5);
+    out.extend_from_slice(b"E");
+    out.extend_from_slice(&i32::try_from(kept.len() + 4).ok()?.to_be_bytes());
+    out.extend_from_slice(&kept);
+    Some(out)
+}
+
 /// `Some(on)` when a ParameterStatus body reports `standard_conforming_strings`,
 /// which decides where string literals end for the rest of the session.
 pub fn standard_conforming_strings(body: &[u8]) -> Option<bool> {
@@ -142,6 +175,19 @@ pub fn client_encoding_hides_backslash(body: &[u8]) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_without_context_keeps_every_other_field() {
+        let body = b"SERROR\0CPF001\0Mstale\0Hhint\0Wfunction guard line 5\0qSELECT 1\0p3\0Fpl_exec.c\0\0";
+        let out = error_without_context(body).unwrap();
+        let kept = b"SERROR\0CPF001\0Mstale\0Hhint\0Fpl_exec.c\0\0";
+        assert_eq!(&out[..1], b"E");
+        assert_eq!(&out[1..5], &(kept.len() as i32 + 4).to_be_bytes());
+        assert_eq!(&out[5..], kept);
+        // Nothing to drop, or malformed: left as it is.
+        assert_eq!(error_without_context(kept), None);
+        assert_eq!(error_without_context(b"SERROR\0Wunterminated"), None);
+    }
 
     #[test]
     fn client_encodings_that_hide_a_backslash() {

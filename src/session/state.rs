@@ -310,8 +310,22 @@ impl Shared {
     }
 
     /// Classifies one server message. `body` is given for `Z`, `C` and `E`
-    /// (when not oversized).
+    /// (when not oversized). pgfence's own errors (SQLSTATE class PF) lose their
+    /// CONTEXT: it names the guard's PL/pgSQL internals, not the client's statement.
     pub fn on_server_message(&mut self, tag: u8, body: Option<&[u8]>) -> Verdict {
+        let verdict = self.classify(tag, body);
+        if tag == b'E'
+            && matches!(verdict, Verdict::Forward)
+            && let Some(body) = body
+            && frame::error_code(body).is_some_and(|c| c.starts_with(b"PF"))
+            && let Some(out) = frame::error_without_context(body)
+        {
+            return Verdict::Replace(out);
+        }
+        verdict
+    }
+
+    fn classify(&mut self, tag: u8, body: Option<&[u8]>) -> Verdict {
         if tag == b'S' {
             self.on_parameter_status(body);
             return Verdict::Forward;

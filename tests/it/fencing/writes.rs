@@ -241,3 +241,39 @@ async fn rejected_copy_from_in_extended_protocol_answers_like_an_execute_error()
     let msgs = raw.simple("SELECT 1").await;
     assert_eq!(tags(&msgs), "TDCZ");
 }
+
+/// pgfence's refusals carry no CONTEXT naming the guard's PL/pgSQL internals, in either
+/// protocol; a client's own error keeps its CONTEXT.
+#[tokio::test]
+async fn refusals_carry_no_guard_context() {
+    use crate::common::raw::{Msg, bind, execute, parse, sync};
+    let f = Fixture::at_epoch_two().await;
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id = 1";
+    let error = |msgs: Vec<Msg>| msgs.into_iter().find(|m| m.tag == b'E').expect("an error");
+    for (epoch, sql, want) in [
+        ("1", write, "PF001"),
+        ("", write, "PF002"),
+        ("2", "SET pgfence.epoch = 0", "PF003"),
+        ("2", "DO $$ BEGIN PERFORM 1 FROM sweep_state; END $$", "PF004"),
+    ] {
+        let mut s = if epoch.is_empty() {
+            let params = [("user", "postgres"), ("database", f.db.as_str())];
+            crate::common::raw::Raw::startup(f.proxy.port(), &params).await.0
+        } else {
+            f.raw(f.proxy.port(), epoch, &[]).await
+        };
+        let simple = error(s.simple(sql).await);
+        s.send(&[parse("", sql), bind("", "", &[]), execute(""), sync()].concat())
+            .await;
+        let extended = error(s.read_until(|m| m.tag == b'Z').await);
+        for (how, e) in [("simple", simple), ("extended", extended)] {
+            assert_eq!(e.code().as_deref(), Some(want), "{sql} ({how})");
+            assert_eq!(e.field(b'W'), None, "{sql} ({how})");
+            assert!(e.field(b'H').is_some(), "{sql} ({how}): the hint stays");
+        }
+    }
+    // A client's own error keeps its CONTEXT.
+    let mut s = f.raw(f.proxy.port(), "2", &[]).await;
+    let e = error(s.simple("DO $$ BEGIN RAISE EXCEPTION 'mine'; END $$").await);
+    assert!(e.field(b'W').is_some_and(|w| w.contains("PL/pgSQL")), "{e:?}");
+}
