@@ -556,6 +556,7 @@ impl Dispatcher {
     /// Sync. In COPY FROM STDIN Postgres ignores it.
     pub fn on_sync(&mut self, shared: &mut Shared) {
         if shared.copy_in {
+            shared.copy_syncs += 1;
             return;
         }
         self.sent += 1;

@@ -283,6 +283,16 @@ pub struct Shared {
     /// Postgres is in COPY FROM STDIN and the client has not sent CopyDone or CopyFail
     /// yet: Postgres ignores the client's Sync and Flush meanwhile.
     pub copy_in: bool,
+    /// A COPY FROM STDIN has begun (`G`) and Postgres has not yet answered how it ended.
+    copy_open: bool,
+    /// Syncs the client sent during that COPY after its `G`. Postgres ignores each one it
+    /// reads in COPY mode, but once the COPY failed it answers them, and where it failed
+    /// among the client's messages is not visible from outside (bad data in any CopyData,
+    /// a constraint checked at the end).
+    /// (A Sync sent with the COPY's Execute, before the `G`, as libpq and tokio-postgres
+    /// send one, is not counted: Postgres has it before the COPY begins and reads it first,
+    /// before it waits for data.)
+    pub copy_syncs: u32,
     /// The client broke the protocol in a way only a reply revealed: end the session.
     pub violation: Option<String>,
 }
@@ -341,7 +351,19 @@ impl Shared {
         match tag {
             b'G' => self.enter_copy_in(),
             // Postgres left COPY mode with an error: the client's Syncs count again.
-            b'E' => self.copy_in = false,
+            b'E' => {
+                self.copy_in = false;
+                if std::mem::take(&mut self.copy_open) && self.copy_syncs > 0 {
+                    // Some of the Syncs sent during the COPY may now be answered, and
+                    // which ones cannot be known: replies could no longer be matched.
+                    self.violation = Some(
+                        "a Sync sent during a COPY FROM STDIN that then failed: which Syncs Postgres answers \
+                         cannot be told"
+                            .into(),
+                    );
+                }
+            }
+            b'C' => self.copy_open = false,
             _ => {}
         }
         let Some(front) = self.pending.front_mut() else {
@@ -440,8 +462,11 @@ impl Shared {
 
     /// CopyInResponse to the unit at the front. The units the client sent after it until
     /// its CopyDone or CopyFail reach Postgres in COPY mode: Syncs there are ignored (no
-    /// reply, so no unit), and anything else breaks the protocol.
+    /// reply, so no unit) unless the COPY fails (see [`Shared::copy_syncs`]), and anything
+    /// else breaks the protocol.
     fn enter_copy_in(&mut self) {
+        self.copy_open = true;
+        self.copy_syncs = 0;
         loop {
             match self.pending.get(1) {
                 Some(Unit::Sync) => {

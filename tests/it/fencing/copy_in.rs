@@ -135,3 +135,58 @@ async fn terminate_inside_copy_just_closes() {
     let n = f.audit_rows().await;
     assert_eq!(n, 0);
 }
+
+/// A Sync sent while Postgres copies is ignored while the COPY runs and answered once it
+/// failed, and where it failed among the client's messages cannot be seen from outside.
+/// pgfence ends that session (08P01) rather than match replies blindly: before, they slid
+/// by one, pgfence took a later transaction for the guarded one, and a stale write
+/// committed unguarded. Straight to Postgres (the control) the session goes on, and
+/// after a takeover its stale write lands.
+#[tokio::test]
+async fn a_sync_sent_during_a_copy_that_fails_ends_the_session() {
+    let f = Fixture::new().await;
+    let e = f.takeover("a").await;
+    let bystander = f.leader(e).await;
+    let stale = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+    for port in [f.proxy.port(), f.cluster.port()] {
+        for simple in [true, false] {
+            let mut s = session(&f, port, e).await;
+            assert_eq!(codes(&s.simple(&format!("BEGIN; {WRITE}")).await), Vec::<String>::new());
+            let start = if simple {
+                query(COPY)
+            } else {
+                [parse("", COPY), bind("", "", &[]), execute("")].concat()
+            };
+            s.send(&start).await;
+            s.read_until(|m| m.tag == b'G').await;
+            // Two columns for one: the COPY fails on its first row, before the Sync.
+            s.send(&[copy_data("a\tb\n"), sync(), copy_done(), query("ROLLBACK")].concat())
+                .await;
+            if port == f.proxy.port() {
+                let rest = s.read_until(|_| false).await;
+                assert_eq!(codes(&rest).last().map(String::as_str), Some("08P01"), "{rest:?}");
+                assert_eq!(code(&bystander.execute(WRITE, &[]).await), "ok");
+                continue;
+            }
+            let failed = s.read_until(|m| m.tag == b'Z').await;
+            assert_eq!(codes(&failed), ["22P04"]);
+            if simple {
+                // The Query's ReadyForQuery came with the error; this one answers the Sync.
+                assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "Z");
+            }
+            assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "CZ", "the ROLLBACK");
+            let e2 = f.takeover("b").await;
+            assert!(e2 > e);
+            assert!(codes(&s.simple(stale).await).is_empty());
+            assert_eq!(f.note().await.0, "stale");
+            f.admin
+                .batch_execute("UPDATE sweep_state SET note = 'init'")
+                .await
+                .unwrap();
+        }
+    }
+    // Through pgfence the same stale epoch is refused on a new session.
+    let mut s = session(&f, f.proxy.port(), e).await;
+    assert_eq!(codes(&s.simple(stale).await), ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
+}
