@@ -76,6 +76,12 @@ pub struct Dispatcher {
     /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
     /// so far is answered. Until then pgfence's prepared statements may be gone.
     dealloc_until: u64,
+    /// The guard sent earlier in this batch (batch, fence, epoch), while every Execute
+    /// since has been a fenced write: none of those can end the transaction, and an
+    /// error skips the rest of the batch, so its locks cover the next write too. Sending
+    /// it again would not only cost a statement: a completed statement makes what a
+    /// suspended portal changed visible to the next one, which Postgres does not.
+    batch_guard: Option<(u64, FenceId, Epoch)>,
 }
 
 impl Dispatcher {
@@ -90,6 +96,7 @@ impl Dispatcher {
             sent: 0,
             batch: 0,
             dealloc_until: 0,
+            batch_guard: None,
         }
     }
 
@@ -497,14 +504,16 @@ impl Dispatcher {
     /// before it to `out`, then records the client's Execute.
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         if let Some(decision) = self.execute_rewrite(portal) {
-            if let Some(decision) = decision {
-                self.inject_extended(shared, decision, None, out);
+            match decision {
+                Some(decision) => self.inject_extended(shared, decision, None, out),
+                None => self.batch_guard = None,
             }
             shared.pending.push_back(Unit::Execute(None, None));
             return;
         }
         let analysis = shared.portals.get(portal).map(|(a, _)| a.clone()).unwrap_or_default();
         let mut effect = None;
+        let mut writes = false;
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Ok(e) = super::declaration::effect(d, shared.defined) {
@@ -513,6 +522,10 @@ impl Dispatcher {
                 }
             }
             let need = self.need(shared, &stmt.kind, self.batch);
+            writes = matches!(need, Need::Write(_));
+            if !writes {
+                self.batch_guard = None;
+            }
             let if_prepared = match &need {
                 Need::Missing(name) => Some(name.clone()),
                 _ => None,
@@ -524,6 +537,9 @@ impl Dispatcher {
             if let Some(e) = self.note_effects(shared, &stmt.kind, self.batch, self.sent + 1) {
                 effect = Some(e);
             }
+        }
+        if !writes {
+            self.batch_guard = None;
         }
         shared.pending.push_back(Unit::Execute(None, effect));
     }
@@ -591,9 +607,10 @@ impl Dispatcher {
     ) {
         let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
             Decision::Guard { fence, epoch } => {
-                if shared.guard_still_held(fence, epoch) {
+                if shared.guard_still_held(fence, epoch) || self.batch_guard == Some((self.batch, fence, epoch)) {
                     return;
                 }
+                self.batch_guard = Some((self.batch, fence, epoch));
                 if self.probe_only(fence) {
                     (OwnStatement::Probe, Injected::Guard(fence, epoch), Vec::new())
                 } else {

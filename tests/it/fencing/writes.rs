@@ -277,3 +277,53 @@ async fn refusals_carry_no_guard_context() {
     let e = error(s.simple("DO $$ BEGIN RAISE EXCEPTION 'mine'; END $$").await);
     assert!(e.field(b'W').is_some_and(|w| w.contains("PL/pgSQL")), "{e:?}");
 }
+
+/// Fenced writes pipelined in one batch run under the batch's first guard: a second
+/// guard between them would complete a statement of its own, which makes what a
+/// suspended portal changed visible to the next write, as Postgres does not. Here the
+/// second UPDATE must find the rows the first one (suspended after one row) changed
+/// invisible, as straight to Postgres. A stale epoch is still refused at the first.
+#[tokio::test]
+async fn pipelined_writes_see_what_they_see_straight_to_postgres() {
+    use crate::common::raw::{bind, codes, message, parse, sync};
+    let f = Fixture::at_epoch_two().await;
+    let update = "UPDATE sweep_state SET note = note || '+' RETURNING id";
+    let execute_one = |portal: &str| {
+        let mut body = portal.as_bytes().to_vec();
+        body.push(0);
+        body.extend_from_slice(&1i32.to_be_bytes());
+        message(b'E', &body)
+    };
+    let batch = [
+        parse("", update),
+        bind("p", "", &[]),
+        execute_one("p"),
+        bind("q", "", &[]),
+        crate::common::raw::execute("q"),
+        sync(),
+    ]
+    .concat();
+    let mut seen = Vec::new();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init'")
+            .await
+            .unwrap();
+        let mut s = f.raw(port, "2", &[]).await;
+        s.send(&batch).await;
+        let msgs = s.read_until(|m| m.tag == b'Z').await;
+        let tags: Vec<String> = msgs
+            .iter()
+            .filter(|m| m.tag == b'C')
+            .map(|m| String::from_utf8_lossy(&m.body).trim_end_matches('\0').to_owned())
+            .collect();
+        seen.push((crate::common::raw::tags(&msgs), tags, f.note().await.0));
+    }
+    assert_eq!(seen[0], seen[1], "through pgfence, then straight to Postgres");
+    assert_eq!(seen[1].1, ["UPDATE 0"]);
+    // A stale session's batch is refused before anything is written.
+    let mut s = f.raw(f.proxy.port(), "1", &[]).await;
+    s.send(&batch).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF001"]);
+    assert_eq!(f.note().await.0, "init+");
+}
