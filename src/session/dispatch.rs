@@ -494,8 +494,16 @@ impl Dispatcher {
     /// Bind: remembers which statement the portal runs; re-prepares a
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
-        self.bind_rewrite(shared, portal, statement, out);
-        let analysis = self.resolve(shared, statement, self.batch);
+        // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
+        // and keeps the old portal, so an Execute of the name may run either.
+        let old = (!portal.is_empty())
+            .then(|| shared.portals.get(portal).map(|(a, _)| a.clone()))
+            .flatten();
+        self.bind_rewrite(shared, portal, statement, old.is_some(), out);
+        let mut analysis = self.resolve(shared, statement, self.batch);
+        if let Some(old) = old {
+            analysis = self.either(shared, &old, analysis);
+        }
         shared.portals.insert(portal.to_owned(), (analysis, self.sent));
         shared.pending.push_back(Unit::Bind(None));
     }
@@ -549,24 +557,50 @@ impl Dispatcher {
         shared.pending.push_back(Unit::Describe);
     }
 
-    /// Close of a statement (`S`) or portal (`P`).
+    /// Close of a statement (`S`) or portal (`P`). What it removes goes when Postgres
+    /// confirms: a Close skipped after an error leaves the statement or portal in place.
     pub fn on_close(&mut self, shared: &mut Shared, kind: u8, name: &str) {
         self.close_rewrite(kind, name);
-        let mut removes = None;
-        if kind == b'S' {
-            // Its definitions go when Postgres confirms: a Close skipped after an error
-            // leaves the statement in place.
-            removes = Some(Defined {
-                name: name.to_owned(),
-                id: shared.defined,
-            });
-            if let Some(own) = OwnStatement::named(name) {
-                shared.own.insert(own, Prepared::Unknown);
-            }
-        } else {
-            shared.portals.remove(name);
+        if kind != b'S' {
+            shared.pending.push_back(Unit::ClosePortal(name.to_owned()));
+            return;
         }
-        shared.pending.push_back(Unit::Close(None, removes));
+        if let Some(own) = OwnStatement::named(name) {
+            shared.own.insert(own, Prepared::Unknown);
+        }
+        let removes = Defined {
+            name: name.to_owned(),
+            id: shared.defined,
+        };
+        shared.pending.push_back(Unit::Close(None, Some(removes)));
+    }
+
+    /// One analysis for a portal that may run either `a` or `b`: what either needs (a
+    /// write to a rewrite-mode table counts as unanalysable, as in [`Self::resolve`]).
+    fn either(&self, shared: &Shared, a: &Analysis, b: Arc<Analysis>) -> Arc<Analysis> {
+        let need = |x: &Analysis| match x.statements.as_slice() {
+            [] => Need::None,
+            [stmt] => self.definition_need(shared, &stmt.kind, true),
+            _ => Need::Unanalysable(Vec::new()),
+        };
+        let kind = match need(a).union(need(&b)) {
+            Need::None => return b,
+            Need::Write(mut fences) => {
+                fences.sort_unstable();
+                fences.dedup();
+                StmtKind::Write {
+                    fences,
+                    tables: Vec::new(),
+                }
+            }
+            Need::Unanalysable(fences) if !fences.is_empty() => StmtKind::Unanalysable { fences },
+            // Any fence of this database (a database without any: nothing).
+            Need::Unanalysable(_) | Need::Missing(_) if self.fences.applicable.is_empty() => return b,
+            Need::Unanalysable(_) | Need::Missing(_) => StmtKind::Unanalysable {
+                fences: self.fences.applicable.clone(),
+            },
+        };
+        Arc::new(Analysis::of_kind(kind))
     }
 
     /// Sync. In COPY FROM STDIN Postgres ignores it.

@@ -241,32 +241,39 @@ impl Dispatcher {
 
     /// What Postgres will hold under rewrite statement `name` when a Bind sent now
     /// runs. Sure when the last Parse pgfence sent for it is in this batch (if that
-    /// one fails or is skipped, so is the Bind), or when Postgres confirmed it and
-    /// nothing removed it since: it is then the first of the name's definitions
-    /// (`Shared::statements`; a later Parse of the name would have replaced `rw`).
+    /// one fails or is skipped, so is the Bind), or when Postgres confirmed it and no
+    /// confirmed removal came since (`Shared::confirmed`; a later Parse or `PREPARE`
+    /// of the name would have replaced or dropped `rw`). Otherwise: unknown while it
+    /// is in flight or after a re-prepare failed; not this statement once the name
+    /// lost every definition (a `DEALLOCATE`, `DISCARD ALL`) or the client's own Parse
+    /// failed.
     pub(super) fn upstream(&self, shared: &Shared, name: &str, rw: &RwStatement) -> Upstream {
         let last = &rw.last;
-        if last.batch == self.batch {
-            return Upstream::Holds(last.epoch);
-        }
-        let confirmed = shared
-            .statements
-            .get(name)
-            .and_then(|defs| defs.first())
-            .is_some_and(|d| d.id == last.id);
-        if confirmed {
+        if last.batch == self.batch || shared.confirmed.get(name) == Some(&last.id) {
             Upstream::Holds(last.epoch)
-        } else if shared.answered < last.answered_at || !last.by_client {
+        } else if shared.answered < last.answered_at {
             Upstream::Unknown
-        } else {
+        } else if last.by_client || !shared.statements.contains_key(name) {
             Upstream::NotThis
+        } else {
+            Upstream::Unknown
         }
     }
 
     /// Bind: re-prepares the statement for the session's current epoch unless
     /// Postgres is sure to hold it for that epoch (appending to `out`), and
     /// records the epoch the portal carries.
-    pub(super) fn bind_rewrite(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
+    ///
+    /// `rebound`: Postgres may still hold a portal of this name, and then refuses this
+    /// Bind (42P03) and keeps the old one: its Execute is refused (PF004).
+    pub(super) fn bind_rewrite(
+        &mut self,
+        shared: &mut Shared,
+        portal: &str,
+        statement: &str,
+        rebound: bool,
+        out: &mut BytesMut,
+    ) {
         let Some(rw) = self.rw_statements.get(statement) else {
             self.rw_portals.remove(portal);
             return;
@@ -313,6 +320,9 @@ impl Dispatcher {
                 };
             }
             bound = Some(epoch);
+        }
+        if rebound {
+            bound = None;
         }
         self.rw_portals.insert(portal.to_owned(), (statement.to_owned(), bound));
     }

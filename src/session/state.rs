@@ -191,6 +191,9 @@ pub enum Unit {
     Execute(Option<Injected>, Option<Effect>),
     /// Close; the client's Close of a statement carries the last definition it removes.
     Close(Option<Injected>, Option<Defined>),
+    /// The client's Close of this portal: pgfence forgets what it runs once Postgres
+    /// confirms (a Close skipped after an error leaves the portal in place).
+    ClosePortal(String),
     /// Sync.
     Sync,
     /// The client's CopyDone or CopyFail, sent before Postgres said it entered COPY FROM
@@ -270,6 +273,10 @@ pub struct Shared {
     pub statements: HashMap<String, Vec<Definition>>,
     /// The number of the last definition.
     pub defined: u64,
+    /// For each client statement name, the definition Postgres last confirmed (a Parse
+    /// or `PREPARE` it accepted), while no confirmed Close, `DEALLOCATE` or `DISCARD ALL`
+    /// has removed it since.
+    pub confirmed: HashMap<String, u64>,
     /// Portals: analysis and the batch they were bound in.
     pub portals: HashMap<String, (Arc<Analysis>, u64)>,
     /// What the server reported that decides how texts are read.
@@ -313,10 +320,12 @@ impl Shared {
     pub fn guard_still_held(&self, fence: FenceId, epoch: Epoch) -> bool {
         self.tx_status == b'T'
             && self.guarded == Some((fence, epoch))
-            && self
-                .pending
-                .iter()
-                .all(|u| matches!(u, Unit::Parse(..) | Unit::Bind(_) | Unit::Describe | Unit::Close(..)))
+            && self.pending.iter().all(|u| {
+                matches!(
+                    u,
+                    Unit::Parse(..) | Unit::Bind(_) | Unit::Describe | Unit::Close(..) | Unit::ClosePortal(_)
+                )
+            })
     }
 
     /// Classifies one server message. `body` is given for `Z`, `C` and `E`
@@ -410,7 +419,10 @@ impl Shared {
                 match tag {
                     b'1' | b'2' | b'3' => {
                         match self.pending.pop_front() {
-                            Some(Unit::Parse(_, Some(d))) => self.keep_from(&d),
+                            Some(Unit::Parse(_, Some(d))) => {
+                                self.keep_from(&d);
+                                self.confirmed.insert(d.name, d.id);
+                            }
                             Some(Unit::Close(_, Some(d))) => self.drop_upto(&d),
                             _ => {}
                         }
@@ -427,6 +439,16 @@ impl Shared {
                     _ => Verdict::Forward,
                 }
             }
+            Unit::ClosePortal(_) => match tag {
+                b'3' => {
+                    if let Some(Unit::ClosePortal(name)) = self.pending.pop_front() {
+                        self.portals.remove(&name);
+                    }
+                    Verdict::Forward
+                }
+                b'E' => self.extended_error(None, body),
+                _ => Verdict::Forward,
+            },
             // Dropped above before anything is attributed.
             Unit::CopyEnd => Verdict::Forward,
             Unit::Describe => match tag {
@@ -532,6 +554,11 @@ impl Shared {
     /// effect says (all of them when pgfence did not know the statement for one).
     fn on_command_tag(&mut self, command: &[u8], effect: Option<&Effect>) {
         let to_savepoint = matches!(effect, Some(Effect::Savepoint(SavepointOp::RollbackTo(_))));
+        if matches!(command, b"COMMIT" | b"PREPARE TRANSACTION" | b"ROLLBACK") && self.tx_status == b'E' {
+            // No longer aborted, though the next ReadyForQuery may be far (a Flush instead
+            // of a Sync): in a transaction (a chained one, or back at a savepoint) or idle.
+            self.tx_status = b'T';
+        }
         match command {
             b"COMMIT" | b"PREPARE TRANSACTION" => self.end_transaction(true),
             b"ROLLBACK" if to_savepoint => self.guarded = None,
@@ -543,6 +570,7 @@ impl Shared {
                     // after it too. A name without any may run anything, so forgetting too
                     // much only refuses more.
                     self.statements.clear();
+                    self.confirmed.clear();
                     if command == b"DISCARD ALL" {
                         self.apply(Effect::ResetAll);
                     }
@@ -554,7 +582,10 @@ impl Shared {
 
     fn apply(&mut self, effect: Effect) {
         match &effect {
-            Effect::Prepared(d) => self.keep_from(d),
+            Effect::Prepared(d) => {
+                self.keep_from(d);
+                self.confirmed.insert(d.name.clone(), d.id);
+            }
             Effect::Deallocated(d) => {
                 if let Some(s) = OwnStatement::named(&d.name) {
                     self.own.insert(s, Prepared::No);
@@ -567,6 +598,7 @@ impl Shared {
                     defs.retain(|def| def.id > upto);
                     !defs.is_empty()
                 });
+                self.confirmed.retain(|_, id| *id > upto);
             }
             _ => {}
         }
@@ -609,6 +641,9 @@ impl Shared {
     /// Postgres confirmed a Close or `DEALLOCATE` sent after definition `d`: that one and
     /// the earlier ones of the name are gone.
     fn drop_upto(&mut self, d: &Defined) {
+        if self.confirmed.get(&d.name).is_some_and(|&id| id <= d.id) {
+            self.confirmed.remove(&d.name);
+        }
         if let Some(defs) = self.statements.get_mut(&d.name) {
             defs.retain(|def| def.id > d.id);
             if defs.is_empty() {

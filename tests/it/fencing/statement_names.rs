@@ -235,3 +235,35 @@ async fn an_execute_of_an_unknown_name_fails_as_in_postgres_unless_prepared_unse
         }
     }
 }
+
+/// A Bind to a named portal Postgres still holds fails (42P03) and keeps the old portal,
+/// and after `ROLLBACK TO SAVEPOINT` the transaction goes on: an Execute of the name may
+/// run the old portal's write, so it is guarded. Straight to Postgres (the control) the
+/// stale write commits.
+#[tokio::test]
+async fn a_portal_rebound_while_it_exists_keeps_its_write_guarded() {
+    let f = Fixture::at_epoch_two().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = stale(&f, port).await;
+        s.simple("BEGIN").await;
+        let first = [
+            parse("w", "UPDATE sweep_state SET note = $1 WHERE id = 1"),
+            bind("p", "w", &["stale"]),
+            sync(),
+        ];
+        assert_eq!(run(&mut s, &first, 1).await, [Vec::<String>::new()]);
+        s.simple("SAVEPOINT s").await;
+        let again = [parse("q", "SELECT 1"), bind("p", "q", &[]), sync()];
+        assert_eq!(run(&mut s, &again, 1).await, [["42P03"]]);
+        s.simple("ROLLBACK TO SAVEPOINT s").await;
+        let got = run(&mut s, &[execute("p"), sync()], 1).await;
+        s.simple("COMMIT").await;
+        if port == f.proxy.port() {
+            assert_eq!(got, [["PF001"]]);
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert_eq!(got, [Vec::<String>::new()]);
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}

@@ -260,3 +260,116 @@ async fn a_name_prepared_again_in_sql_runs_the_new_statement() {
         assert_eq!(f.note().await.0, "init", "pipelined: {pipelined}");
     }
 }
+
+/// A `DEALLOCATE ALL` pgfence could not foresee (the Query's split was uncertain) makes it
+/// forget every definition, also a Parse sent after it and still in flight. A re-prepare
+/// that Postgres then skips after an error must not pass for confirmed because it is
+/// the only definition pgfence knows: the next Bind re-prepares again.
+#[tokio::test]
+async fn a_skipped_reprepare_is_not_taken_for_confirmed_after_definitions_were_forgotten() {
+    let f = fixture(false).await;
+    f.admin
+        .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
+        .await
+        .unwrap();
+    let mut a = f.raw(f.proxy.port(), "80", &[]).await;
+    let uncertain = "CREATE FUNCTION pg_temp.f(begin int) RETURNS int LANGUAGE sql AS 'select 1'; DEALLOCATE ALL";
+    let first = [
+        query(uncertain),
+        parse("u", UPDATE_U),
+        parse("", "SELECT pg_sleep(0.5)"),
+        bind("", "", &[]),
+        execute(""),
+        sync(),
+    ];
+    a.send(&first.concat()).await;
+    assert_eq!(
+        outcomes(&a.read_until(|m| m.tag == b'Z').await),
+        ["CREATE FUNCTION", "DEALLOCATE ALL"]
+    );
+    // While the sleep runs: a new epoch, and a re-prepare that an error makes Postgres skip.
+    let second = [
+        query("SET pgfence.epoch = 90"),
+        parse("", "SELECT 1/0"),
+        bind("", "", &[]),
+        execute(""),
+        bind("", "u", &["skipped"]),
+        execute(""),
+        sync(),
+    ];
+    a.send(&second.concat()).await;
+    for want in [vec!["SELECT 1"], vec!["SET"], vec!["E 22012"]] {
+        assert_eq!(outcomes(&a.read_until(|m| m.tag == b'Z').await), want);
+    }
+    assert_eq!(
+        batch(&mut a, &[bind("", "u", &["a"]), execute(""), sync()]).await,
+        ["UPDATE 1"]
+    );
+    assert_eq!(f.note().await, ("a".to_owned(), 90));
+}
+
+/// A Bind to a named portal Postgres still holds fails (42P03) and keeps the old portal;
+/// after `ROLLBACK TO SAVEPOINT` the transaction goes on and an Execute of the name runs
+/// the old one. Bound at another epoch than the session's now, it is refused (PF004)
+/// instead of writing the old epoch. Straight to Postgres (the control) it runs.
+#[tokio::test]
+async fn a_portal_rebound_while_it_exists_is_not_taken_for_the_new_one() {
+    let f = fixture(false).await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
+            .await
+            .unwrap();
+        let mut a = f.raw(port, "80", &[]).await;
+        assert_eq!(
+            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
+            Vec::<String>::new()
+        );
+        a.simple("BEGIN").await;
+        assert_eq!(
+            batch(&mut a, &[bind("p", "u", &["a"]), sync()]).await,
+            Vec::<String>::new()
+        );
+        a.simple("SET pgfence.epoch = 90").await;
+        a.simple("SAVEPOINT s").await;
+        assert_eq!(batch(&mut a, &[bind("p", "u", &["b"]), sync()]).await, ["E 42P03"]);
+        a.simple("ROLLBACK TO SAVEPOINT s").await;
+        let got = batch(&mut a, &[execute("p"), sync()]).await;
+        a.simple("COMMIT").await;
+        if port == f.proxy.port() {
+            assert_eq!(got, ["E PF004"]);
+            assert_eq!(f.note().await, ("init".to_owned(), 1));
+        } else {
+            assert_eq!(got, ["UPDATE 1"]);
+            assert_eq!(f.note().await.0, "a");
+        }
+    }
+}
+
+/// A ROLLBACK run by Execute and followed by a Flush (no Sync yet) ends the aborted
+/// transaction: the next Bind re-prepares for the new epoch and writes, as straight to
+/// Postgres, rather than waiting for an aborted transaction that is gone.
+#[tokio::test]
+async fn a_rollback_answered_before_any_sync_ends_the_aborted_state() {
+    let f = fixture(false).await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut a = f.raw(port, "80", &[]).await;
+        assert_eq!(
+            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
+            Vec::<String>::new()
+        );
+        a.simple("SET pgfence.epoch = 90").await;
+        a.simple("BEGIN").await;
+        a.simple("SELECT 1/0").await;
+        let rollback = [
+            parse("", "ROLLBACK"),
+            bind("", "", &[]),
+            execute(""),
+            message(b'H', b""),
+        ];
+        a.send(&rollback.concat()).await;
+        assert_eq!(outcomes(&a.read_until(|m| m.tag == b'C').await), ["ROLLBACK"]);
+        let got = batch(&mut a, &[bind("", "u", &["d"]), execute(""), sync()]).await;
+        assert_eq!(got, ["UPDATE 1"], "through pgfence: {}", port == f.proxy.port());
+    }
+}
