@@ -244,16 +244,14 @@ impl Dispatcher {
     /// one fails or is skipped, so is the Bind), or when Postgres confirmed it and no
     /// confirmed removal came since (`Shared::confirmed`; a later Parse or `PREPARE`
     /// of the name would have replaced or dropped `rw`). Otherwise: unknown while it
-    /// is in flight or after a re-prepare failed; not this statement once the name
-    /// lost every definition (a `DEALLOCATE`, `DISCARD ALL`) or the client's own Parse
+    /// is in flight or after a re-prepare failed or was skipped (a re-prepare sends
+    /// the client's own text again); not this statement once the client's own Parse
     /// failed.
     pub(super) fn upstream(&self, shared: &Shared, name: &str, rw: &RwStatement) -> Upstream {
         let last = &rw.last;
         if last.batch == self.batch || shared.confirmed.get(name) == Some(&last.id) {
             Upstream::Holds(last.epoch)
-        } else if shared.answered < last.answered_at {
-            Upstream::Unknown
-        } else if last.by_client || !shared.statements.contains_key(name) {
+        } else if shared.answered >= last.answered_at && last.by_client {
             Upstream::NotThis
         } else {
             Upstream::Unknown

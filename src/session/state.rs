@@ -631,6 +631,20 @@ impl Shared {
         }
     }
 
+    /// A Parse of definition `d` failed or was skipped: Postgres does not hold it. Only
+    /// when it is still the name's newest: an older entry may stand for several
+    /// definitions merged (`MAX_DEFINITIONS`), so it stays.
+    fn forget_failed(&mut self, d: &Defined) {
+        if let Some(defs) = self.statements.get_mut(&d.name)
+            && defs.last().is_some_and(|def| def.id == d.id)
+        {
+            defs.pop();
+            if defs.is_empty() {
+                self.statements.remove(&d.name);
+            }
+        }
+    }
+
     /// Postgres confirmed definition `d`: the earlier ones of that name are gone.
     fn keep_from(&mut self, d: &Defined) {
         if let Some(defs) = self.statements.get_mut(&d.name) {
@@ -682,7 +696,9 @@ impl Shared {
             };
             self.own.insert(*s, state);
         }
-        self.pending.pop_front();
+        if let Some(Unit::Parse(_, Some(d))) = self.pending.pop_front() {
+            self.forget_failed(&d);
+        }
         self.tx_error = true;
         self.skipping = true;
         self.drop_skipped();
@@ -699,7 +715,9 @@ impl Shared {
                     self.pending.pop_front();
                 }
                 Some(_) => {
-                    self.pending.pop_front();
+                    if let Some(Unit::Parse(_, Some(d))) = self.pending.pop_front() {
+                        self.forget_failed(&d);
+                    }
                 }
             }
         }

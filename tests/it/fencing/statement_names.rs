@@ -267,3 +267,36 @@ async fn a_portal_rebound_while_it_exists_keeps_its_write_guarded() {
         }
     }
 }
+
+/// A Parse that Postgres refuses (42P05: the name is taken) or skips after an error
+/// defines nothing: the name still runs its old statement, as straight to Postgres,
+/// rather than counting as possibly the refused text (here one pgfence cannot analyse,
+/// PF004).
+#[tokio::test]
+async fn a_refused_or_skipped_parse_defines_nothing() {
+    let f = Fixture::at_epoch_two().await;
+    let unreadable = "DO $$BEGIN DELETE FROM sweep_state; END$$";
+    for port in [f.proxy.port(), f.cluster.port()] {
+        for skipped in [false, true] {
+            let mut s = stale(&f, port).await;
+            assert_eq!(
+                run(&mut s, &[parse("s1", "SELECT 1"), sync()], 1).await,
+                [Vec::<String>::new()]
+            );
+            let (again, code) = if skipped {
+                (vec![bind("", "nosuch", &[]), parse("s1", unreadable), sync()], "26000")
+            } else {
+                (vec![parse("s1", unreadable), sync()], "42P05")
+            };
+            assert_eq!(run(&mut s, &again, 1).await, [[code]]);
+            let got = run(&mut s, &run_named("s1"), 1).await;
+            assert_eq!(
+                got,
+                [Vec::<String>::new()],
+                "skipped: {skipped}, through pgfence: {}",
+                port == f.proxy.port()
+            );
+        }
+    }
+    assert_eq!(f.note().await.0, "init");
+}
