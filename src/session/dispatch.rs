@@ -398,12 +398,25 @@ impl Dispatcher {
             && hides_backslash(sql)
             && self.fences.may_name_any(sql)
         {
+            let (message, hint) = if shared.reported.encoding_hides_backslash {
+                (
+                    "pgfence: statement has a multibyte character before a backslash, which this session's \
+                     client_encoding may read differently, and may write a fenced table; refused",
+                    "Use client_encoding UTF8 for sessions that write fenced tables.",
+                )
+            } else {
+                (
+                    "pgfence: statement has a multibyte character before a backslash, a request in flight may \
+                     change client_encoding to one that reads it differently, and it may write a fenced table; \
+                     refused",
+                    "Send such a statement once the answers to the requests before it have arrived, or pass the \
+                     value as a parameter.",
+                )
+            };
             return Some(Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
-                message: "pgfence: statement has a multibyte character before a backslash, which this session's \
-                          client_encoding may read differently, and may write a fenced table; refused"
-                    .into(),
-                hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+                message: message.into(),
+                hint: hint.into(),
             });
         }
         if in_flight && sql.contains('\\') {

@@ -56,7 +56,11 @@ async fn an_encoding_change_in_flight_hides_nothing() {
     s.send(&[query("SET client_encoding = 'SJIS'"), raw_query(SJIS_HIDDEN)].concat())
         .await;
     assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
-    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    let refused = s.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(codes(&refused), ["PF004"]);
+    // The session was in UTF8: the hint says what to do about the request in flight.
+    let hint = refused.iter().find_map(|m| m.field(b'H')).unwrap_or_default();
+    assert!(hint.contains("requests before it"), "{hint}");
     assert_eq!(f.note().await.0, "init");
     // Control.
     let mut d = stale(&f, f.cluster.port(), &[]).await;
