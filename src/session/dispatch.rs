@@ -104,6 +104,10 @@ impl Dispatcher {
     pub fn resync(&mut self, shared: &Shared) {
         if shared.pending.is_empty() {
             self.speculative = shared.declared.clone();
+            if shared.tx_status == b'I' && !self.rw_portals.is_empty() {
+                // Portals end with their transaction.
+                self.rw_portals.clear();
+            }
         }
         self.scs = shared.reported.standard_conforming_strings;
     }
@@ -114,6 +118,7 @@ impl Dispatcher {
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
         self.sent += 1;
+        shared.copy_data_early = false;
         // The Query is a batch of its own, and what follows it up to a Sync another.
         let batch = self.batch + 1;
         self.batch += 2;
@@ -343,6 +348,18 @@ impl Dispatcher {
         Arc::new(Analysis::of_kind(kind))
     }
 
+    /// Whether a Bind of client statement `name` sent now runs exactly one known
+    /// statement (if Postgres holds any under the name), which stands for itself.
+    fn exact_definition(&self, shared: &Shared, name: &str) -> bool {
+        let mut defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
+        if let [.., last] = defs
+            && last.batch == self.batch
+        {
+            defs = std::slice::from_ref(last);
+        }
+        matches!(defs, [only] if !only.analysis.statements.iter().any(|s| self.widened(&s.kind)))
+    }
+
     /// Whether a definition's statement needs more than its own kind says when run by
     /// name (see [`Self::definition_need`]).
     fn widened(&self, kind: &StmtKind) -> bool {
@@ -510,20 +527,22 @@ impl Dispatcher {
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
         // and keeps the old portal, so an Execute of the name may run either.
         let old = (!portal.is_empty())
-            .then(|| shared.portals.get(portal).map(|(a, _)| a.clone()))
+            .then(|| shared.portals.get(portal).map(|(a, _, _)| a.clone()))
             .flatten();
         self.bind_rewrite(shared, portal, statement, old.is_some(), out);
+        let exact = (old.is_none() && self.exact_definition(shared, statement)).then_some(self.batch);
         let mut analysis = self.resolve(shared, statement, self.batch);
         if let Some(old) = old {
             analysis = self.either(shared, &old, analysis);
         }
-        shared.portals.insert(portal.to_owned(), (analysis, self.sent));
+        shared.portals.insert(portal.to_owned(), (analysis, self.sent, exact));
         shared.pending.push_back(Unit::Bind(None));
     }
 
     /// Execute: appends the guard (or rejection) messages that must run
     /// before it to `out`, then records the client's Execute.
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
+        shared.copy_data_early = false;
         if let Some(decision) = self.execute_rewrite(portal) {
             match decision {
                 Some(decision) => self.inject_extended(shared, decision, None, out),
@@ -532,8 +551,14 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Execute(None, None));
             return;
         }
-        let analysis = shared.portals.get(portal).map(|(a, _)| a.clone()).unwrap_or_default();
+        let (analysis, exact) = match shared.portals.get(portal) {
+            Some((a, _, exact)) => (a.clone(), *exact == Some(self.batch)),
+            None => (Arc::default(), false),
+        };
         let mut effect = None;
+        // A fenced write for sure: bound in this batch from the one definition its
+        // statement can have. A decision over several (`resolve`, `either`) may stand
+        // for a statement that ends the transaction.
         let mut writes = false;
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
@@ -543,7 +568,7 @@ impl Dispatcher {
                 }
             }
             let need = self.need(shared, &stmt.kind, self.batch);
-            writes = matches!(need, Need::Write(_));
+            writes = exact && matches!(need, Need::Write(_));
             if !writes {
                 self.batch_guard = None;
             }
@@ -624,15 +649,26 @@ impl Dispatcher {
         }
         self.sent += 1;
         self.batch += 1;
-        shared.pending.push_back(Unit::Sync);
+        shared.pending.push_back(Unit::Sync {
+            after_copy_data: shared.copy_data_early,
+        });
     }
 
     /// CopyDone or CopyFail: ends COPY FROM STDIN, or the one whose `G` is still to come.
     pub fn on_copy_end(&mut self, shared: &mut Shared) {
+        shared.copy_data_early = false;
         if shared.copy_in {
             shared.copy_in = false;
         } else {
             shared.pending.push_back(Unit::CopyEnd);
+        }
+    }
+
+    /// CopyData: sent before Postgres said it copies, a Sync after it is one Postgres
+    /// answers if the COPY fails (see `Shared::copy_syncs`).
+    pub fn on_copy_data(&mut self, shared: &mut Shared) {
+        if !shared.copy_in {
+            shared.copy_data_early = true;
         }
     }
 

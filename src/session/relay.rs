@@ -318,6 +318,10 @@ fn handle_client_message(
             disp.on_copy_end(st);
             Ok(Action::Forward)
         }
+        b'd' => {
+            disp.on_copy_data(st);
+            Ok(Action::Forward)
+        }
         b'X' => Ok(Action::Terminate),
         _ => Ok(Action::Forward),
     }

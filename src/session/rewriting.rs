@@ -246,12 +246,15 @@ impl Dispatcher {
     /// of the name would have replaced or dropped `rw`). Otherwise: unknown while it
     /// is in flight or after a re-prepare failed or was skipped (a re-prepare sends
     /// the client's own text again); not this statement once the client's own Parse
-    /// failed.
+    /// failed, or the name lost every definition it had.
     pub(super) fn upstream(&self, shared: &Shared, name: &str, rw: &RwStatement) -> Upstream {
         let last = &rw.last;
+        let answered = shared.answered >= last.answered_at;
+        // Removed since (a confirmed DEALLOCATE or DISCARD ALL): nothing under the name.
+        let removed = !shared.statements.contains_key(name) && !shared.confirmed.contains_key(name);
         if last.batch == self.batch || shared.confirmed.get(name) == Some(&last.id) {
             Upstream::Holds(last.epoch)
-        } else if shared.answered >= last.answered_at && last.by_client {
+        } else if answered && (last.by_client || removed) {
             Upstream::NotThis
         } else {
             Upstream::Unknown

@@ -194,8 +194,12 @@ pub enum Unit {
     /// The client's Close of this portal: pgfence forgets what it runs once Postgres
     /// confirms (a Close skipped after an error leaves the portal in place).
     ClosePortal(String),
-    /// Sync.
-    Sync,
+    /// Sync; `after_copy_data`: CopyData was sent before it while Postgres was not known
+    /// to copy (see [`Shared::copy_syncs`]).
+    Sync {
+        /// CopyData came before it.
+        after_copy_data: bool,
+    },
     /// The client's CopyDone or CopyFail, sent before Postgres said it entered COPY FROM
     /// STDIN: it ends the COPY whose `G` arrives first, or Postgres drops it. No reply.
     CopyEnd,
@@ -277,8 +281,10 @@ pub struct Shared {
     /// or `PREPARE` it accepted), while no confirmed Close, `DEALLOCATE` or `DISCARD ALL`
     /// has removed it since.
     pub confirmed: HashMap<String, u64>,
-    /// Portals: analysis and the batch they were bound in.
-    pub portals: HashMap<String, (Arc<Analysis>, u64)>,
+    /// Portals: analysis, the Sync count they were bound at, and the dispatcher's batch
+    /// when they were bound from the one definition their statement can have (see
+    /// `Dispatcher::exact_definition`).
+    pub portals: HashMap<String, (Arc<Analysis>, u64, Option<u64>)>,
     /// What the server reported that decides how texts are read.
     pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
@@ -296,10 +302,13 @@ pub struct Shared {
     /// reads in COPY mode, but once the COPY failed it answers them, and where it failed
     /// among the client's messages is not visible from outside (bad data in any CopyData,
     /// a constraint checked at the end).
-    /// (A Sync sent with the COPY's Execute, before the `G`, as libpq and tokio-postgres
-    /// send one, is not counted: Postgres has it before the COPY begins and reads it first,
-    /// before it waits for data.)
+    /// A Sync sent before the `G` counts only when CopyData came before it
+    /// (`Unit::Sync::after_copy_data`): one sent with the COPY's Execute, as libpq and
+    /// tokio-postgres send one, is read before any data.
     pub copy_syncs: u32,
+    /// CopyData was sent since the last Query or Execute while Postgres was not known to
+    /// be copying (a client that sends rows without waiting for the `G`).
+    pub copy_data_early: bool,
     /// The client broke the protocol in a way only a reply revealed: end the session.
     pub violation: Option<String>,
 }
@@ -402,7 +411,7 @@ impl Shared {
                     _ => Verdict::Forward,
                 }
             }
-            Unit::FunctionCall | Unit::Sync => {
+            Unit::FunctionCall | Unit::Sync { .. } => {
                 match tag {
                     b'Z' => {
                         self.pending.pop_front();
@@ -491,8 +500,9 @@ impl Shared {
         self.copy_syncs = 0;
         loop {
             match self.pending.get(1) {
-                Some(Unit::Sync) => {
+                Some(&Unit::Sync { after_copy_data }) => {
                     self.pending.remove(1);
+                    self.copy_syncs += u32::from(after_copy_data);
                     // Counted as sent when dispatched: answered now, as it never will be.
                     self.answered += 1;
                 }
@@ -682,7 +692,7 @@ impl Shared {
         if status == b'I' {
             self.end_transaction(!self.tx_error);
             let answered = self.answered;
-            self.portals.retain(|_, (_, batch)| *batch >= answered);
+            self.portals.retain(|_, (_, batch, _)| *batch >= answered);
         }
     }
 
@@ -709,7 +719,7 @@ impl Shared {
     fn drop_skipped(&mut self) {
         while self.skipping {
             match self.pending.front() {
-                Some(Unit::Sync) | None => break,
+                Some(Unit::Sync { .. }) | None => break,
                 Some(Unit::Parse(Some(Injected::Prepare(s)), _)) => {
                     self.own.insert(*s, Prepared::No);
                     self.pending.pop_front();

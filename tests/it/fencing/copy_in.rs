@@ -190,3 +190,41 @@ async fn a_sync_sent_during_a_copy_that_fails_ends_the_session() {
     assert_eq!(codes(&s.simple(stale).await), ["PF001"]);
     assert_eq!(f.note().await.0, "init");
 }
+
+/// The same with the rows sent before Postgres said it copies: a Sync after such a row
+/// counts too. Before, it was taken for the Sync sent with the COPY (read before any
+/// data), the replies slid by one, and the guard of the transaction before outlived it:
+/// after a takeover a stale write committed unguarded.
+#[tokio::test]
+async fn a_sync_after_rows_sent_before_the_copy_began_counts_too() {
+    let f = Fixture::new().await;
+    for simple in [true, false] {
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init'")
+            .await
+            .unwrap();
+        let e = f.takeover(if simple { "a" } else { "c" }).await;
+        let mut s = session(&f, f.proxy.port(), e).await;
+        assert_eq!(codes(&s.simple(&format!("BEGIN; {WRITE}")).await), Vec::<String>::new());
+        let start = if simple {
+            query(COPY)
+        } else {
+            [parse("", COPY), bind("", "", &[]), execute("")].concat()
+        };
+        s.send(&[start, copy_data("a\tb\n"), sync(), copy_done(), query("ROLLBACK")].concat())
+            .await;
+        let rest = s.read_until(|_| false).await;
+        assert_eq!(
+            codes(&rest).last().map(String::as_str),
+            Some("08P01"),
+            "simple: {simple}, {rest:?}"
+        );
+        f.takeover("b").await;
+        let mut stale = session(&f, f.proxy.port(), e).await;
+        assert_eq!(
+            codes(&stale.simple("UPDATE sweep_state SET note = 'stale' WHERE id = 1").await),
+            ["PF001"]
+        );
+        assert_eq!(f.note().await.0, "init");
+    }
+}

@@ -327,3 +327,75 @@ async fn pipelined_writes_see_what_they_see_straight_to_postgres() {
     assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF001"]);
     assert_eq!(f.note().await.0, "init+");
 }
+
+/// A guard covers the later fenced writes of its batch only while nothing in between may
+/// end the transaction. A name Postgres still holds as `COMMIT` (its redefinition as a
+/// write was skipped after an error) counts as a write for the guard it gets, but not
+/// as one that keeps the transaction: the write after it gets its own guard, so a
+/// takeover waits for it. Straight to Postgres (the control) the takeover completes while
+/// that write is open, and the write commits after it.
+#[tokio::test]
+async fn a_guard_covers_later_writes_only_while_nothing_between_may_end_the_transaction() {
+    use std::time::Duration;
+
+    use crate::common::raw::{bind, close_statement, execute, parse, sync};
+    let f = Fixture::new().await;
+    f.admin
+        .batch_execute("INSERT INTO sweep_state VALUES (2, 'init', 0)")
+        .await
+        .unwrap();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init'")
+            .await
+            .unwrap();
+        let e = f.takeover("a").await;
+        let blocker = f.direct().await;
+        blocker
+            .batch_execute("BEGIN; SELECT 1 FROM sweep_state WHERE id = 2 FOR UPDATE")
+            .await
+            .unwrap();
+        let mut s = f.raw(port, &e.to_string(), &[]).await;
+        s.send(&[parse("c", "COMMIT"), sync()].concat()).await;
+        s.read_until(|m| m.tag == b'Z').await;
+        let skipped = [
+            parse("bad", "SELECT 1/0"),
+            bind("", "bad", &[]),
+            execute(""),
+            close_statement("c"),
+            parse("c", "UPDATE sweep_state SET note = note || '+' WHERE id = 1"),
+            sync(),
+        ];
+        let writes = [
+            parse("w1", "UPDATE sweep_state SET note = 'w1' WHERE id = 1"),
+            bind("", "w1", &[]),
+            execute(""),
+            bind("", "c", &[]),
+            execute(""),
+            parse("w2", "UPDATE sweep_state SET note = 'stale' WHERE id = 2"),
+            bind("", "w2", &[]),
+            execute(""),
+            sync(),
+        ];
+        s.send(&[skipped.concat(), writes.concat()].concat()).await;
+        s.read_until(|m| m.tag == b'Z').await;
+        // w2 now waits for the blocker's row lock, in the transaction after the COMMIT.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let other = f.direct().await;
+        let takeover = tokio::spawn(async move { super::take_lease(&other, "b").await });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let took_over_while_open = takeover.is_finished();
+        blocker.batch_execute("ROLLBACK").await.unwrap();
+        s.read_until(|m| m.tag == b'Z').await;
+        takeover.await.unwrap();
+        let row2: String = f
+            .admin
+            .query_one("SELECT note FROM sweep_state WHERE id = 2", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(row2, "stale");
+        // Through pgfence the takeover waited for the write; straight to Postgres it did not.
+        assert_eq!(took_over_while_open, port == f.cluster.port());
+    }
+}

@@ -373,3 +373,24 @@ async fn a_rollback_answered_before_any_sync_ends_the_aborted_state() {
         assert_eq!(got, ["UPDATE 1"], "through pgfence: {}", port == f.proxy.port());
     }
 }
+
+/// A rewrite statement that was re-prepared for a new epoch and then deallocated is gone,
+/// as straight to Postgres (26000): pgfence does not prepare it again behind the client.
+#[tokio::test]
+async fn a_deallocated_rewrite_statement_stays_gone() {
+    let f = fixture(false).await;
+    let mut seen = Vec::new();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "5", &[]).await;
+        assert_eq!(
+            batch(&mut s, &[parse("s", UPDATE_U), sync()]).await,
+            Vec::<String>::new()
+        );
+        s.simple("SET pgfence.epoch = 6").await;
+        let run = [bind("", "s", &["a"]), execute(""), sync()];
+        assert_eq!(batch(&mut s, &run).await, ["UPDATE 1"]);
+        assert_eq!(batch(&mut s, &[query("DEALLOCATE s")]).await, ["DEALLOCATE"]);
+        seen.push(batch(&mut s, &run).await);
+    }
+    assert_eq!(seen, [["E 26000"], ["E 26000"]]);
+}
