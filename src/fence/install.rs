@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -38,6 +38,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         name: "0002_fast_guard",
         sql: include_str!("sql/0002_fast_guard.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "0003_guard_locks",
+        sql: include_str!("sql/0003_guard_locks.sql"),
     },
 ];
 

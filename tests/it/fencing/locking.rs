@@ -129,3 +129,59 @@ async fn prepared_transaction_keeps_blocking_takeover_until_resolved() {
     takeover.await.unwrap();
     assert_eq!(f.note().await.0, "prepared");
 }
+
+/// Without a lease the takeover is the first write of a higher epoch, which raises the
+/// HWM: it waits for the transactions of the old epoch already past the guard, whether
+/// their guard took the full path (the session's first write) or the short one (a later
+/// transaction). Then the old epoch is refused. Control: straight to Postgres the old
+/// epoch's transaction commits after the newer write.
+#[tokio::test]
+async fn a_bump_without_a_lease_waits_for_a_transaction_past_the_guard() {
+    let f = Fixture::with(crate::common::pg::Cluster::shared(), super::NO_LEASE).await;
+    for (round, earlier_write) in [false, true].into_iter().enumerate() {
+        let e = 10 * (round as i64 + 1);
+        let a = f.leader(e).await;
+        if earlier_write {
+            a.execute("UPDATE sweep_state SET note = 'first' WHERE id = 1", &[])
+                .await
+                .unwrap();
+        }
+        a.batch_execute("BEGIN; UPDATE sweep_state SET note = 'in-flight' WHERE id = 1")
+            .await
+            .unwrap();
+        let b = f.leader(e + 1).await;
+        let bump = tokio::spawn(async move {
+            b.execute("INSERT INTO sweep_state VALUES (100 + $1, 'b', 0)", &[&(round as i32)])
+                .await
+                .map(|n| (n, b))
+        });
+        assert!(
+            someone_blocked(&f).await,
+            "round {round}: the bump must wait for the open transaction"
+        );
+        assert!(!bump.is_finished());
+        a.batch_execute("COMMIT").await.unwrap();
+        let (n, _b) = bump.await.unwrap().unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(f.note().await.0, "in-flight");
+        assert_eq!(f.hwm().await, e + 1);
+        assert_eq!(
+            code(
+                &a.execute("UPDATE sweep_state SET note = 'late' WHERE id = 1", &[])
+                    .await
+            ),
+            "PF001"
+        );
+    }
+    // Control: straight to Postgres nothing waits, and the old epoch's write lands last.
+    let a = f.direct().await;
+    a.batch_execute("BEGIN; UPDATE sweep_state SET note = 'stale' WHERE id = 1")
+        .await
+        .unwrap();
+    let b = f.direct().await;
+    b.execute("INSERT INTO sweep_state VALUES (200, 'b', 0)", &[])
+        .await
+        .unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(f.note().await.0, "stale");
+}
