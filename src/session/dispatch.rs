@@ -164,7 +164,12 @@ impl Dispatcher {
             match self.need(shared, &stmt.kind, batch) {
                 Need::None => {}
                 Need::Write(f) if self.any_rewrite(&f) => {
-                    let (sent, injected) = self.simple_rewrite(shared, &f, &sql[stmt.span.clone()], exact, single);
+                    let (sent, injected, rejected) =
+                        self.simple_rewrite(shared, &f, &sql[stmt.span.clone()], exact, single);
+                    if rejected {
+                        // The rejection's own RowDescription is not the client's.
+                        part.injected = Some(Injected::Reject);
+                    }
                     text.push_str(&sql[copied..stmt.span.start]);
                     if let Some((injected, call)) = injected {
                         text.push_str(&call);

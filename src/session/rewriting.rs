@@ -161,8 +161,8 @@ impl Dispatcher {
     }
 
     /// The text sent for a statement that writes a rewrite-mode table in a
-    /// simple Query (the rewritten statement, or a rejection in its place) and
-    /// the guard to run before it.
+    /// simple Query (the rewritten statement, or a rejection in its place: then
+    /// `true`, and its replies are pgfence's) and the guard to run before it.
     pub(super) fn simple_rewrite(
         &self,
         shared: &Shared,
@@ -170,7 +170,7 @@ impl Dispatcher {
         stmt_sql: &str,
         exact: bool,
         single: bool,
-    ) -> (String, Option<(Injected, String)>) {
+    ) -> (String, Option<(Injected, String)>, bool) {
         match self.plan(fences, stmt_sql, exact) {
             Plan::Rewrite { fence, epoch, text } => {
                 // The guard checks the lease (PF003) when there is one; without one it only
@@ -185,10 +185,10 @@ impl Dispatcher {
                     };
                     (Injected::Guard(fence, epoch), call)
                 });
-                (text.to_string(), guard)
+                (text.to_string(), guard, false)
             }
-            Plan::Reject(r) => (guard_sql::reject_call(r.code, &r.message, &r.hint), None),
-            Plan::NotRewrite => (stmt_sql.to_owned(), None),
+            Plan::Reject(r) => (guard_sql::reject_call(r.code, &r.message, &r.hint), None, true),
+            Plan::NotRewrite => (stmt_sql.to_owned(), None, false),
         }
     }
 

@@ -394,3 +394,31 @@ async fn a_deallocated_rewrite_statement_stays_gone() {
     }
     assert_eq!(seen, [["E 26000"], ["E 26000"]]);
 }
+
+/// A rewrite-mode refusal in a simple Query answers with the error alone, as Postgres
+/// answers a failing statement: no RowDescription of pgfence's own call before it.
+#[tokio::test]
+async fn a_simple_query_refusal_answers_with_the_error_alone() {
+    let f = fixture(false).await;
+    let mut none = {
+        let params = [("user", "postgres"), ("database", f.db.as_str())];
+        Raw::startup(f.proxy.port(), &params).await.0
+    };
+    let got = none.simple("UPDATE sweep_state SET note = 'x' WHERE id = 1").await;
+    assert_eq!(
+        (tags(&got), outcomes(&got)),
+        ("EZ".to_owned(), vec!["E PF002".to_owned()])
+    );
+    let mut s = f.raw(f.proxy.port(), "5", &[]).await;
+    for (sql, want) in [
+        ("TRUNCATE sweep_state", "E PF004"),
+        ("INSERT INTO items VALUES (1, 'a', 1, 1)", "E PF004"),
+    ] {
+        let got = s.simple(sql).await;
+        assert_eq!(
+            (tags(&got), outcomes(&got)),
+            ("EZ".to_owned(), vec![want.to_owned()]),
+            "{sql}"
+        );
+    }
+}
