@@ -252,7 +252,15 @@ impl Dispatcher {
         let answered = shared.answered >= last.answered_at;
         // Removed since (a confirmed DEALLOCATE or DISCARD ALL): nothing under the name.
         let removed = !shared.statements.contains_key(name) && !shared.confirmed.contains_key(name);
-        if last.batch == self.batch || shared.confirmed.get(name) == Some(&last.id) {
+        // The client's Parse in flight, the only definition the name can have: if it
+        // fails, the name holds nothing and the Bind fails too. Re-preparing would run
+        // a text Postgres refused.
+        let only = !shared.forgot
+            && shared
+                .statements
+                .get(name)
+                .is_some_and(|defs| matches!(defs.as_slice(), [d] if d.id == last.id));
+        if last.batch == self.batch || shared.confirmed.get(name) == Some(&last.id) || (last.by_client && only) {
             Upstream::Holds(last.epoch)
         } else if answered && (last.by_client || removed) {
             Upstream::NotThis

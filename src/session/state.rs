@@ -281,6 +281,9 @@ pub struct Shared {
     /// or `PREPARE` it accepted), while no confirmed Close, `DEALLOCATE` or `DISCARD ALL`
     /// has removed it since.
     pub confirmed: HashMap<String, u64>,
+    /// A `DISCARD ALL` or `DEALLOCATE ALL` pgfence did not foresee made it forget every
+    /// definition, also ones sent after it: `statements` may miss some since.
+    pub forgot: bool,
     /// Portals: analysis, the Sync count they were bound at, and the dispatcher's batch
     /// when they were bound from the one definition their statement can have (see
     /// `Dispatcher::exact_definition`).
@@ -581,6 +584,7 @@ impl Shared {
                     // much only refuses more.
                     self.statements.clear();
                     self.confirmed.clear();
+                    self.forgot = true;
                     if command == b"DISCARD ALL" {
                         self.apply(Effect::ResetAll);
                     }

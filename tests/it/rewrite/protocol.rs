@@ -422,3 +422,32 @@ async fn a_simple_query_refusal_answers_with_the_error_alone() {
         );
     }
 }
+
+/// A client's Parse that Postgres skips after an error defines nothing, also when the
+/// Bind of its name is already on the way (pipelined): the Bind fails (26000) as
+/// straight to Postgres, rather than pgfence preparing the skipped text itself.
+#[tokio::test]
+async fn a_skipped_parse_of_a_rewrite_statement_is_not_prepared_behind_the_client() {
+    let f = fixture(false).await;
+    let mut seen = Vec::new();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "5", &[]).await;
+        let msgs = [
+            parse("", "SELECT 1/0"),
+            bind("", "", &[]),
+            execute(""),
+            parse("s2", "DELETE FROM sweep_state WHERE id = 1"),
+            sync(),
+            bind("", "s2", &[]),
+            execute(""),
+            sync(),
+        ];
+        s.send(&msgs.concat()).await;
+        let first = outcomes(&s.read_until(|m| m.tag == b'Z').await);
+        let second = outcomes(&s.read_until(|m| m.tag == b'Z').await);
+        seen.push((first, second));
+    }
+    assert_eq!(seen[0], seen[1], "through pgfence, then straight to Postgres");
+    assert_eq!(seen[1].1, ["E 26000"]);
+    assert_eq!(f.note().await.0, "init");
+}
