@@ -12,9 +12,10 @@
 //! session's epoch, `Close(S name)` + `Parse(name, rewritten, same parameter
 //! types)` go upstream first (a re-prepare); their replies are swallowed.
 //! Postgres is sure to hold it when that Parse was sent in the same batch as
-//! the Bind (if it fails or is skipped, so is the Bind), or when Postgres
-//! confirmed it (see [`Dispatcher::upstream`]). A Parse that is still in
-//! flight, or that failed or was skipped after an error, proves nothing: the
+//! the Bind (if it fails or is skipped, so is the Bind), when Postgres
+//! confirmed it, or when it is the client's own and the only definition the
+//! name can have (see [`Dispatcher::upstream`]). Otherwise a Parse that is still
+//! in flight, or that failed or was skipped after an error, proves nothing: the
 //! old statement, with an old epoch, may still be there. A statement without
 //! an epoch stays as written and its Execute is refused (PF002) before it runs.
 //! A portal remembers the epoch it was bound with: if the epoch changes between
@@ -96,7 +97,8 @@ pub(super) enum Upstream {
     /// Not known: that Parse is in flight, or a re-prepare failed (its Close may have
     /// run). A re-prepare makes it known.
     Unknown,
-    /// The client's own Parse failed or was skipped: whatever Postgres holds under
+    /// The client's own Parse failed or was skipped, or the name lost every
+    /// definition since (a `DEALLOCATE`, `DISCARD ALL`): whatever Postgres holds under
     /// the name, it is not this statement.
     NotThis,
 }
