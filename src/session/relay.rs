@@ -386,11 +386,16 @@ where
                     };
                     stream = (total, forward);
                 }
+                if st.violation.is_some() {
+                    break;
+                }
             }
             drained = st.draining && st.pending.is_empty() && st.tx_status == b'I' && stream.0 == 0;
             violation = st.violation.take();
         }
         if let Some(reason) = violation {
+            // What came before the message that broke the session is the client's.
+            let _ = em.flush(cw, &buf, pos).await;
             return End::ClientProtocol(reason);
         }
         if let Err(e) = em.flush(cw, &buf, pos).await {
