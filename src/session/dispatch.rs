@@ -38,6 +38,15 @@ enum Need {
 }
 
 impl Need {
+    /// The statement name of a [`Need::Missing`]: its rejection is raised only if a
+    /// statement of that name is prepared.
+    fn missing_name(&self) -> Option<String> {
+        match self {
+            Need::Missing(name) => Some(name.clone()),
+            _ => None,
+        }
+    }
+
     /// What either of two statements needs: unanalysable over both if either is.
     fn union(self, other: Need) -> Need {
         match (self, other) {
@@ -300,12 +309,7 @@ impl Dispatcher {
     /// counts as unanalysable here: only statements rewritten at their Parse
     /// (`rw_statements`) run rewritten, and they do not come this way.
     fn resolve(&self, shared: &Shared, name: &str, batch: u64) -> Arc<Analysis> {
-        let mut defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
-        if let [.., last] = defs
-            && last.batch == batch
-        {
-            defs = std::slice::from_ref(last);
-        }
+        let defs = self.candidates(shared, name, batch);
         let as_is = || match defs {
             [only] => only.analysis.clone(),
             _ => Arc::default(),
@@ -320,27 +324,38 @@ impl Dispatcher {
             return as_is();
         }
         // The usual case, one definition that stands for itself: nothing to compute.
-        if let [only] = defs
-            && !only.analysis.statements.iter().any(|s| self.widened(&s.kind))
-        {
+        if self.stands_alone(defs) {
             return as_is();
         }
-        let kind = match self.definitions_need(shared, defs, true) {
-            Need::Unanalysable(fences) => {
-                // None listed: any fence of this database (a database without any: nothing).
-                let mut fences = if fences.is_empty() {
-                    self.fences.applicable.clone()
-                } else {
-                    fences
-                };
-                if fences.is_empty() {
-                    return as_is();
-                }
-                fences.sort_unstable();
-                fences.dedup();
-                StmtKind::Unanalysable { fences }
-            }
-            Need::Write(mut fences) if defs.len() > 1 => {
+        match self.definitions_need(shared, defs, true) {
+            // One definition writes what its own kind says.
+            Need::Write(_) if defs.len() <= 1 => as_is(),
+            need => self.need_analysis(need).unwrap_or_else(as_is),
+        }
+    }
+
+    /// The definitions Postgres may hold under client statement `name` for a Bind or
+    /// `EXECUTE` in `batch`: a definition sent in the same batch is the only one that can
+    /// run (if it failed, so does the rest of the batch).
+    fn candidates<'a>(&self, shared: &'a Shared, name: &str, batch: u64) -> &'a [Definition] {
+        let defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
+        match defs {
+            [.., last] if last.batch == batch => std::slice::from_ref(last),
+            _ => defs,
+        }
+    }
+
+    /// Whether `defs` is one definition that stands for itself when run by name.
+    fn stands_alone(&self, defs: &[Definition]) -> bool {
+        matches!(defs, [only] if !only.analysis.statements.iter().any(|s| self.widened(&s.kind)))
+    }
+
+    /// One statement that needs what `need` says, as an analysis: `None` when it needs
+    /// nothing, or may write any fence on a database without any.
+    fn need_analysis(&self, need: Need) -> Option<Arc<Analysis>> {
+        let kind = match need {
+            Need::None => return None,
+            Need::Write(mut fences) => {
                 fences.sort_unstable();
                 fences.dedup();
                 StmtKind::Write {
@@ -348,21 +363,27 @@ impl Dispatcher {
                     tables: Vec::new(),
                 }
             }
-            _ => return as_is(),
+            Need::Unanalysable(mut fences) => {
+                // None listed: any fence of this database.
+                if fences.is_empty() {
+                    fences = self.fences.applicable.clone();
+                }
+                if fences.is_empty() {
+                    return None;
+                }
+                fences.sort_unstable();
+                fences.dedup();
+                StmtKind::Unanalysable { fences }
+            }
+            Need::Missing(_) => return self.need_analysis(Need::Unanalysable(Vec::new())),
         };
-        Arc::new(Analysis::of_kind(kind))
+        Some(Arc::new(Analysis::of_kind(kind)))
     }
 
     /// Whether a Bind of client statement `name` sent now runs exactly one known
     /// statement (if Postgres holds any under the name), which stands for itself.
     fn exact_definition(&self, shared: &Shared, name: &str) -> bool {
-        let mut defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
-        if let [.., last] = defs
-            && last.batch == self.batch
-        {
-            defs = std::slice::from_ref(last);
-        }
-        matches!(defs, [only] if !only.analysis.statements.iter().any(|s| self.widened(&s.kind)))
+        self.stands_alone(self.candidates(shared, name, self.batch))
     }
 
     /// Whether a definition's statement needs more than its own kind says when run by
@@ -461,10 +482,7 @@ impl Dispatcher {
 
     /// Guard or rejection call for one fenced statement in a simple Query.
     fn simple_check(&self, shared: &Shared, need: Need, single: bool) -> Option<(Injected, String)> {
-        let if_prepared = match &need {
-            Need::Missing(name) => Some(name.clone()),
-            _ => None,
-        };
+        let if_prepared = need.missing_name();
         match self.decide(need)? {
             Decision::Guard { fence, epoch } => {
                 // Within a transaction that already passed this guard, another adds nothing.
@@ -577,10 +595,7 @@ impl Dispatcher {
             if !writes {
                 self.batch_guard = None;
             }
-            let if_prepared = match &need {
-                Need::Missing(name) => Some(name.clone()),
-                _ => None,
-            };
+            let if_prepared = need.missing_name();
             if let Some(decision) = self.decide(need) {
                 self.inject_extended(shared, decision, if_prepared, out);
             }
@@ -626,24 +641,7 @@ impl Dispatcher {
             [stmt] => self.definition_need(shared, &stmt.kind, true),
             _ => Need::Unanalysable(Vec::new()),
         };
-        let kind = match need(a).union(need(&b)) {
-            Need::None => return b,
-            Need::Write(mut fences) => {
-                fences.sort_unstable();
-                fences.dedup();
-                StmtKind::Write {
-                    fences,
-                    tables: Vec::new(),
-                }
-            }
-            Need::Unanalysable(fences) if !fences.is_empty() => StmtKind::Unanalysable { fences },
-            // Any fence of this database (a database without any: nothing).
-            Need::Unanalysable(_) | Need::Missing(_) if self.fences.applicable.is_empty() => return b,
-            Need::Unanalysable(_) | Need::Missing(_) => StmtKind::Unanalysable {
-                fences: self.fences.applicable.clone(),
-            },
-        };
-        Arc::new(Analysis::of_kind(kind))
+        self.need_analysis(need(a).union(need(&b))).unwrap_or(b)
     }
 
     /// Sync. In COPY FROM STDIN Postgres ignores it.

@@ -431,10 +431,7 @@ impl Shared {
                 match tag {
                     b'1' | b'2' | b'3' => {
                         match self.pending.pop_front() {
-                            Some(Unit::Parse(_, Some(d))) => {
-                                self.keep_from(&d);
-                                self.confirmed.insert(d.name, d.id);
-                            }
+                            Some(Unit::Parse(_, Some(d))) => self.confirm(d),
                             Some(Unit::Close(_, Some(d))) => self.drop_upto(&d),
                             _ => {}
                         }
@@ -596,10 +593,7 @@ impl Shared {
 
     fn apply(&mut self, effect: Effect) {
         match &effect {
-            Effect::Prepared(d) => {
-                self.keep_from(d);
-                self.confirmed.insert(d.name.clone(), d.id);
-            }
+            Effect::Prepared(d) => self.confirm(d.clone()),
             Effect::Deallocated(d) => {
                 if let Some(s) = OwnStatement::named(&d.name) {
                     self.own.insert(s, Prepared::No);
@@ -659,11 +653,13 @@ impl Shared {
         }
     }
 
-    /// Postgres confirmed definition `d`: the earlier ones of that name are gone.
-    fn keep_from(&mut self, d: &Defined) {
+    /// Postgres confirmed definition `d`: the earlier ones of that name are gone, and
+    /// `d` is what the name holds.
+    fn confirm(&mut self, d: Defined) {
         if let Some(defs) = self.statements.get_mut(&d.name) {
             defs.retain(|def| def.id >= d.id);
         }
+        self.confirmed.insert(d.name, d.id);
     }
 
     /// Postgres confirmed a Close or `DEALLOCATE` sent after definition `d`: that one and

@@ -3,7 +3,7 @@
 
 use super::{fixture, update_note};
 use crate::common::raw::{Msg, Raw, bind, execute, message, parse, query, sync, tags};
-use crate::fencing::code;
+use crate::fencing::{Fixture, code};
 
 #[tokio::test]
 async fn rewrite_statement_prepared_before_the_epoch_uses_the_later_epoch() {
@@ -91,6 +91,24 @@ async fn batch(raw: &mut Raw, msgs: &[Vec<u8>]) -> Vec<String> {
 
 const UPDATE_U: &str = "UPDATE sweep_state SET note = $1 WHERE id = 1";
 
+/// Puts row 1 back at note 'init', epoch 1.
+async fn reset_row(f: &Fixture) {
+    f.admin
+        .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
+        .await
+        .unwrap();
+}
+
+/// A raw session on `port` at `epoch` with `UPDATE_U` prepared as `u`.
+async fn prepared_u(f: &Fixture, port: u16, epoch: &str) -> Raw {
+    let mut raw = f.raw(port, epoch, &[]).await;
+    assert_eq!(
+        batch(&mut raw, &[parse("u", UPDATE_U), sync()]).await,
+        Vec::<String>::new()
+    );
+    raw
+}
+
 /// A re-prepare for a new epoch that Postgres skipped (an error earlier in its batch)
 /// is sent again at the next Bind: pgfence does not take a re-prepare it sent for one
 /// that ran. Both ways: a leader that moved up must write its new epoch (else a stale
@@ -102,10 +120,7 @@ async fn a_reprepare_skipped_after_an_error_is_sent_again() {
     // (startup epoch, epoch of the Parse, epoch of the write, the other writer's epoch)
     for (start, parsed, writes, other) in [("80", 80, 90, 85), ("80", 90, 80, 85)] {
         let what = format!("prepared at {parsed}, written at {writes}");
-        f.admin
-            .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
-            .await
-            .unwrap();
+        reset_row(&f).await;
         let mut a = f.raw(f.proxy.port(), start, &[]).await;
         a.simple(&format!("SET pgfence.epoch = {parsed}")).await;
         assert_eq!(
@@ -157,15 +172,8 @@ async fn a_statement_survives_an_epoch_change_in_an_aborted_transaction() {
     for pipelined in [false, true] {
         for port in [f.proxy.port(), f.cluster.port()] {
             let what = format!("pipelined: {pipelined}, through pgfence: {}", port == f.proxy.port());
-            f.admin
-                .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
-                .await
-                .unwrap();
-            let mut a = f.raw(port, "80", &[]).await;
-            assert_eq!(
-                batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
-                Vec::<String>::new()
-            );
+            reset_row(&f).await;
+            let mut a = prepared_u(&f, port, "80").await;
             a.simple("SET pgfence.epoch = 82").await;
             let in_failed = [bind("", "u", &["x"]), execute(""), sync()];
             if pipelined {
@@ -203,11 +211,7 @@ async fn a_statement_survives_an_epoch_change_in_an_aborted_transaction() {
 #[tokio::test]
 async fn a_failed_parse_of_a_taken_name_is_not_taken_for_the_statement() {
     let f = fixture(false).await;
-    let mut a = f.raw(f.proxy.port(), "80", &[]).await;
-    assert_eq!(
-        batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
-        Vec::<String>::new()
-    );
+    let mut a = prepared_u(&f, f.proxy.port(), "80").await;
     let other = "UPDATE sweep_state SET note = 'other' WHERE id = 1";
     assert_eq!(batch(&mut a, &[parse("u", other), sync()]).await, ["E 42P05"]);
     a.simple("SET pgfence.epoch = 81").await;
@@ -215,11 +219,7 @@ async fn a_failed_parse_of_a_taken_name_is_not_taken_for_the_statement() {
     assert_eq!(got, ["E PF004"]);
     assert_eq!(f.note().await.0, "init");
     // Control: straight to Postgres the old statement runs.
-    let mut d = f.raw(f.cluster.port(), "80", &[]).await;
-    assert_eq!(
-        batch(&mut d, &[parse("u", UPDATE_U), sync()]).await,
-        Vec::<String>::new()
-    );
+    let mut d = prepared_u(&f, f.cluster.port(), "80").await;
     assert_eq!(batch(&mut d, &[parse("u", other), sync()]).await, ["E 42P05"]);
     let got = batch(&mut d, &[bind("", "u", &["x"]), execute(""), sync()]).await;
     assert_eq!(got, ["UPDATE 1"]);
@@ -234,11 +234,7 @@ async fn a_failed_parse_of_a_taken_name_is_not_taken_for_the_statement() {
 async fn a_name_prepared_again_in_sql_runs_the_new_statement() {
     let f = fixture(false).await;
     for pipelined in [false, true] {
-        let mut a = f.raw(f.proxy.port(), "80", &[]).await;
-        assert_eq!(
-            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
-            Vec::<String>::new()
-        );
+        let mut a = prepared_u(&f, f.proxy.port(), "80").await;
         let setup = [
             query("DEALLOCATE u"),
             query("PREPARE u (text) AS SELECT $1"),
@@ -268,10 +264,7 @@ async fn a_name_prepared_again_in_sql_runs_the_new_statement() {
 #[tokio::test]
 async fn a_skipped_reprepare_is_not_taken_for_confirmed_after_definitions_were_forgotten() {
     let f = fixture(false).await;
-    f.admin
-        .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
-        .await
-        .unwrap();
+    reset_row(&f).await;
     let mut a = f.raw(f.proxy.port(), "80", &[]).await;
     let uncertain = "CREATE FUNCTION pg_temp.f(begin int) RETURNS int LANGUAGE sql AS 'select 1'; DEALLOCATE ALL";
     let first = [
@@ -316,15 +309,8 @@ async fn a_skipped_reprepare_is_not_taken_for_confirmed_after_definitions_were_f
 async fn a_portal_rebound_while_it_exists_is_not_taken_for_the_new_one() {
     let f = fixture(false).await;
     for port in [f.proxy.port(), f.cluster.port()] {
-        f.admin
-            .batch_execute("UPDATE sweep_state SET note = 'init', last_epoch = 1 WHERE id = 1")
-            .await
-            .unwrap();
-        let mut a = f.raw(port, "80", &[]).await;
-        assert_eq!(
-            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
-            Vec::<String>::new()
-        );
+        reset_row(&f).await;
+        let mut a = prepared_u(&f, port, "80").await;
         a.simple("BEGIN").await;
         assert_eq!(
             batch(&mut a, &[bind("p", "u", &["a"]), sync()]).await,
@@ -353,11 +339,7 @@ async fn a_portal_rebound_while_it_exists_is_not_taken_for_the_new_one() {
 async fn a_rollback_answered_before_any_sync_ends_the_aborted_state() {
     let f = fixture(false).await;
     for port in [f.proxy.port(), f.cluster.port()] {
-        let mut a = f.raw(port, "80", &[]).await;
-        assert_eq!(
-            batch(&mut a, &[parse("u", UPDATE_U), sync()]).await,
-            Vec::<String>::new()
-        );
+        let mut a = prepared_u(&f, port, "80").await;
         a.simple("SET pgfence.epoch = 90").await;
         a.simple("BEGIN").await;
         a.simple("SELECT 1/0").await;
