@@ -179,27 +179,42 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// SIGTERM drains; SIGINT (or a second SIGTERM) exits fast.
+/// SIGTERM drains; SIGINT (or a second SIGTERM) exits fast. SIGHUP, which PgBouncer and
+/// Postgres take as "reload", would otherwise end the process and drop every session: it is
+/// logged and ignored, since pgfence reads its config only at start.
 async fn signals(shutdown: Shutdown) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };
-    tokio::select! {
-        _ = term.recv() => {
-            tracing::info!("SIGTERM: draining");
-            shutdown.drain.cancel();
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                if draining {
+                    break;
+                }
+                tracing::info!("SIGTERM: draining");
+                shutdown.drain.cancel();
+                draining = true;
+            }
+            _ = int.recv() => {
+                if !draining {
+                    tracing::info!("SIGINT: closing");
+                    shutdown.fast.cancel();
+                    return;
+                }
+                break;
+            }
+            _ = hup.recv() => {
+                tracing::warn!("SIGHUP ignored: pgfence reads its config only at start; restart it to apply a changed config");
+            }
         }
-        _ = int.recv() => {
-            tracing::info!("SIGINT: closing");
-            shutdown.fast.cancel();
-            return;
-        }
-    }
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
     tracing::info!("second signal: closing");
     shutdown.fast.cancel();

@@ -278,5 +278,8 @@ async fn refuse(mut stream: TcpStream, ctx: Arc<ServerContext>) {
         }
         stream.write_all(&ProxyError::TooManyConnections.to_response()).await
     };
-    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, answer).await;
+    tokio::select! {
+        _ = tokio::time::timeout(REFUSAL_TIMEOUT, answer) => {}
+        () = ctx.drain.cancelled() => {}
+    }
 }

@@ -57,6 +57,9 @@ pub enum StartupError {
     /// Parameters not NUL-terminated pairs, or not UTF-8.
     #[error("invalid startup packet layout")]
     Malformed,
+    /// A message during authentication longer than any such message can be.
+    #[error("invalid length of authentication message")]
+    BadAuthLength,
 }
 
 /// Reads one startup-phase packet. Cancel safe: no (it reads in several steps).

@@ -6,6 +6,7 @@
 //! queries while `pg_backend_pid()` still matches what its driver reports.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -25,6 +26,8 @@ use crate::server::{CancelKeyGuard, ServerContext, UpstreamKey};
 
 /// Postgres' `authentication_timeout` default.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a closing FATAL may take to reach a client; one that does not read is cut off.
+const LAST_WORDS: Duration = Duration::from_secs(1);
 /// Largest message accepted during authentication (SASL and GSS tokens are small).
 const AUTH_MESSAGE_MAX: usize = 64 * 1024;
 
@@ -44,10 +47,23 @@ pub struct Established {
     pub reported: Reported,
 }
 
-/// Runs startup. `Ok(None)` when the connection was a cancel request or
-/// ended with an error already reported to the client.
+/// Runs startup. `Ok(None)` when the connection was a cancel request, ended
+/// with an error already reported to the client, or was cut short by shutdown:
+/// a session still logging in holds no transaction, so a drain (or SIGINT) ends
+/// it at once, with FATAL 57P01 once its startup packet has arrived.
 pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Option<Established>, StartupError> {
-    match tokio::time::timeout(STARTUP_TIMEOUT, establish_inner(&mut client, ctx)).await {
+    let started = AtomicBool::new(false);
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(STARTUP_TIMEOUT, establish_inner(&mut client, ctx, &started)) => r,
+        () = ctx.drain.cancelled() => {
+            debug!("shutdown during startup");
+            if started.load(Ordering::Relaxed) {
+                let _ = tokio::time::timeout(LAST_WORDS, client.write_all(&ProxyError::Shutdown.to_response())).await;
+            }
+            return Ok(None);
+        }
+    };
+    match outcome {
         Ok(Ok(Some((upstream, declared, fences, (key, reported))))) => Ok(Some(Established {
             client,
             upstream,
@@ -59,7 +75,7 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
         Ok(Ok(None)) => Ok(None),
         Ok(Err(e)) => {
             if let Some(err) = report(&e) {
-                let _ = client.write_all(&err.to_response()).await;
+                let _ = tokio::time::timeout(LAST_WORDS, client.write_all(&err.to_response())).await;
             }
             Err(e)
         }
@@ -74,14 +90,20 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
 fn report(e: &StartupError) -> Option<ProxyError> {
     match e {
         StartupError::Io(_) => None,
-        StartupError::BadLength | StartupError::Malformed => Some(ProxyError::Protocol(e.to_string())),
+        StartupError::BadLength | StartupError::Malformed | StartupError::BadAuthLength => {
+            Some(ProxyError::Protocol(e.to_string()))
+        }
         StartupError::UnsupportedProtocol(..) => Some(ProxyError::Unsupported(e.to_string())),
     }
 }
 
 type Inner = Option<(TcpStream, Declarations, Arc<DbFences>, (CancelKeyGuard, Reported))>;
 
-async fn establish_inner(client: &mut TcpStream, ctx: &ServerContext) -> Result<Inner, StartupError> {
+async fn establish_inner(
+    client: &mut TcpStream,
+    ctx: &ServerContext,
+    started: &AtomicBool,
+) -> Result<Inner, StartupError> {
     let startup = loop {
         match read_first_packet(client).await? {
             FirstPacket::SslRequest | FirstPacket::GssEncRequest => client.write_all(b"N").await?,
@@ -92,6 +114,7 @@ async fn establish_inner(client: &mut TcpStream, ctx: &ServerContext) -> Result<
             FirstPacket::Startup(m) => break m,
         }
     };
+    started.store(true, Ordering::Relaxed);
     let user = startup.get("user").unwrap_or_default().to_owned();
     let database = startup
         .get("database")
@@ -173,8 +196,22 @@ async fn relay_auth(
 ) -> Result<Option<(CancelKeyGuard, Reported)>, StartupError> {
     let mut key = None;
     let mut reported = Reported::default();
+    // A Postgres that accepts connections but does not answer (hung, or not Postgres) counts
+    // as unreachable: its first answer must come within `connect_timeout`. Later answers may
+    // take the time authentication takes (LDAP, RADIUS), bounded by the startup timeout.
+    let limit = ctx.config.connect_timeout;
+    let Ok(first) = tokio::time::timeout(limit, read_message(upstream)).await else {
+        info!("upstream did not answer the startup packet");
+        let err = ProxyError::UpstreamUnreachable(format!("no answer to the startup packet within {limit:?}"));
+        client.write_all(&err.to_response()).await?;
+        return Ok(None);
+    };
+    let mut next = Some(first);
     loop {
-        let (tag, msg) = read_message(upstream).await?;
+        let (tag, msg) = match next.take() {
+            Some(m) => m?,
+            None => read_message(upstream).await?,
+        };
         match tag {
             b'R' => {
                 client.write_all(&msg).await?;
@@ -223,7 +260,7 @@ async fn read_message(s: &mut TcpStream) -> Result<(u8, BytesMut), StartupError>
         .map_err(|_| StartupError::Malformed)?
         .ok_or(StartupError::Malformed)?;
     if h.body_len > AUTH_MESSAGE_MAX {
-        return Err(StartupError::BadLength);
+        return Err(StartupError::BadAuthLength);
     }
     let mut msg = BytesMut::with_capacity(h.total_len());
     msg.put_slice(&head);

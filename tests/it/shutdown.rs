@@ -2,8 +2,11 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use crate::common::pg::{Cluster, connect};
 use crate::common::proxy::ProxyProcess;
+use crate::common::raw::{Raw, codes, query, startup_packet};
 
 #[tokio::test]
 async fn idle_session_gets_57p01_on_sigterm_and_transaction_may_commit_first() {
@@ -85,4 +88,142 @@ async fn sigint_closes_everything_within_a_second() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A stand-in upstream on a free port: reads each connection's startup packet, writes
+/// `answer` (nothing: a hung server) and then holds the connection open without a word.
+async fn silent_upstream(answer: &'static [u8]) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut len = [0u8; 4];
+                if s.read_exact(&mut len).await.is_err() {
+                    return;
+                }
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+                let _ = s.read_exact(&mut body).await;
+                let _ = s.write_all(answer).await;
+                // Hold the connection until the peer closes it.
+                let mut sink = [0u8; 256];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    port
+}
+
+/// AuthenticationCleartextPassword: the client must answer before anything else happens.
+const ASK_PASSWORD: &[u8] = b"R\0\0\0\x08\0\0\0\x03";
+
+#[tokio::test]
+async fn clients_still_logging_in_do_not_hold_up_shutdown() {
+    let upstream = silent_upstream(ASK_PASSWORD).await;
+    for signal in ["TERM", "INT"] {
+        let mut proxy = ProxyProcess::start_for(upstream, "shutdown_grace = 30");
+        // One client connected and said nothing (a health check); one is asked for its
+        // password and does not answer.
+        let mut silent = Raw::connect(proxy.port()).await;
+        let mut asked = Raw::connect(proxy.port()).await;
+        asked
+            .send(&startup_packet(&[("user", "postgres"), ("database", "x")]))
+            .await;
+        let request = asked.read().await.expect("the password request");
+        assert_eq!(request.tag, b'R');
+        let started = Instant::now();
+        if signal == "TERM" {
+            proxy.sigterm();
+        } else {
+            proxy.sigint();
+        }
+        let status = proxy.wait_exit(Duration::from_secs(10)).await;
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "SIG{signal}: {status:?}\n{}",
+            proxy.log()
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(2500),
+            "SIG{signal}: {:?}",
+            started.elapsed()
+        );
+        // The one past its startup packet is told why; the silent one is just closed.
+        let rest = asked.read_until(|_| false).await;
+        assert_eq!(codes(&rest), ["57P01"], "SIG{signal}");
+        assert!(silent.read().await.is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_hold_up_shutdown() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    for (signal, grace) in [("INT", 30), ("TERM", 1)] {
+        let mut proxy = ProxyProcess::start_for(cluster.port(), &format!("shutdown_grace = {grace}"));
+        let (mut reader, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+        // About 50 MB of result that the client never reads: both socket buffers fill and
+        // pgfence's writes to the client block.
+        reader
+            .send(&query("SELECT repeat('x', 1000) FROM generate_series(1, 50000)"))
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Another session is unaffected meanwhile.
+        let other = connect(proxy.port(), &db, "").await;
+        other.simple_query("SELECT 1").await.unwrap();
+        let started = Instant::now();
+        if signal == "TERM" {
+            proxy.sigterm();
+        } else {
+            proxy.sigint();
+        }
+        let status = proxy.wait_exit(Duration::from_secs(15)).await;
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "SIG{signal}: {status:?}\n{}",
+            proxy.log()
+        );
+        // SIGINT: within a second and a bit; SIGTERM: the grace period, then a second for the
+        // FATAL that cannot be delivered.
+        let bound = Duration::from_millis(if signal == "INT" { 1500 } else { 4000 });
+        assert!(started.elapsed() < bound, "SIG{signal}: {:?}", started.elapsed());
+        drop(reader);
+    }
+}
+
+#[tokio::test]
+async fn sighup_is_ignored_and_sessions_carry_on() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let mut proxy = ProxyProcess::start_for(cluster.port(), "");
+    let session = connect(proxy.port(), &db, "").await;
+    proxy.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(proxy.try_wait().is_none(), "SIGHUP ended the proxy:\n{}", proxy.log());
+    session.simple_query("SELECT 1").await.unwrap();
+    connect(proxy.port(), &db, "")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    assert!(proxy.log().contains("SIGHUP ignored"), "{}", proxy.log());
+}
+
+#[tokio::test]
+async fn an_upstream_that_accepts_but_never_answers_is_unreachable() {
+    let upstream = silent_upstream(b"").await;
+    let proxy = ProxyProcess::start_for(upstream, "connect_timeout = 1");
+    let started = Instant::now();
+    let err = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=x connect_timeout=30",
+            proxy.port()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .err()
+    .expect("a silent upstream must not give a session");
+    assert_eq!(err.code().map(|c| c.code()), Some("08001"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }

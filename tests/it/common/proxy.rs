@@ -129,7 +129,7 @@ impl ProxyProcess {
         fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
     }
 
-    fn signal(&self, name: &str) {
+    pub fn signal(&self, name: &str) {
         // `kill(1)` rather than the libc crate: one process spawn is nothing next to a test.
         let status = Command::new("kill")
             .args([&format!("-{name}"), &self.child.id().to_string()])
