@@ -14,7 +14,7 @@ pub struct DbFences {
     /// All configured fences, indexed by [`FenceId`].
     pub config: Arc<[Fence]>,
     /// Their names, indexed by [`FenceId`].
-    pub names: Vec<String>,
+    pub names: Arc<[String]>,
     /// The fences that apply to this database.
     pub applicable: Vec<FenceId>,
     /// Each fence's lease table as text for the guard, if it has a lease.

@@ -72,9 +72,10 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
         _cancel_key,
         reported,
     } = est;
-    let mut disp = Dispatcher::new(fences, declared.clone());
-    let mut state = Shared::new(declared);
+    let mut state = Shared::new(declared.clone());
     state.reported = reported;
+    state.fence_names = fences.names.clone();
+    let mut disp = Dispatcher::new(fences, declared);
     let shared = Mutex::new(state);
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = upstream.split();

@@ -259,6 +259,8 @@ impl Reported {
 pub struct Shared {
     /// Requests awaiting replies, in dispatch order.
     pub pending: VecDeque<Unit>,
+    /// The session's fence names, indexed by [`FenceId`] (for messages pgfence writes itself).
+    pub fence_names: Arc<[String]>,
     /// Transaction status from the last ReadyForQuery (`I`, `T`, `E`).
     pub tx_status: u8,
     /// Declarations confirmed by Postgres.
@@ -698,6 +700,11 @@ impl Shared {
 
     /// An ErrorResponse to an extended-protocol unit: Postgres now skips to Sync.
     fn extended_error(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
+        // The guard this unit prepares or binds for (its Execute is still queued).
+        let injected = match injected {
+            Some(Injected::Prepare(_) | Injected::Plumbing) => self.guard_ahead().or(injected),
+            other => other,
+        };
         if let Some(Unit::Parse(Some(Injected::Prepare(s)), _)) = self.pending.front() {
             let state = if name_taken(body) {
                 Prepared::Unknown
@@ -713,6 +720,17 @@ impl Shared {
         self.skipping = true;
         self.drop_skipped();
         self.error_verdict(injected, body)
+    }
+
+    /// The first guard queued up to the next Sync.
+    fn guard_ahead(&self) -> Option<Injected> {
+        self.pending
+            .iter()
+            .take_while(|u| !matches!(u, Unit::Sync { .. } | Unit::Query { .. }))
+            .find_map(|u| match u {
+                Unit::Execute(Some(g @ Injected::Guard(..)), _) => Some(*g),
+                _ => None,
+            })
     }
 
     /// Units Postgres skipped after an error get no reply.
@@ -749,12 +767,19 @@ impl Shared {
         // (`fence::call::PROBE_SQL`) when the schema is there but its table is not.
         let missing_schema = matches!(code, Some(b"3F000" | b"42883" | b"42P01"));
         if missing_schema {
+            let message = match injected {
+                Some(Injected::Guard(fence, epoch)) => format!(
+                    "pgfence: the database has no pgfence schema, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
+                    self.fence_names.get(usize::from(fence.0)).map_or("?", String::as_str)
+                ),
+                _ => "pgfence: the database has no pgfence schema; fenced writes are refused".to_owned(),
+            };
             let mut out = BytesMut::new();
             codec::error_response(
                 &mut out,
                 "ERROR",
                 sqlstate::NOT_INITIALISED,
-                "pgfence: the database has no pgfence schema; fenced writes are refused",
+                &message,
                 Some(
                     "Run `pgfence init --database-url <url of this database>` (with --config to install lease triggers).",
                 ),

@@ -283,6 +283,11 @@ pub async fn writes_without_init_get_pf005(toml: &str) -> (&'static Cluster, Str
         assert_eq!(code(&r), "PF005");
         let msg = r.unwrap_err().as_db_error().unwrap().clone();
         assert!(msg.hint().unwrap_or_default().contains("pgfence init"), "{msg:?}");
+        // Like every rejection, it names the fence and the declared epoch.
+        assert!(
+            msg.message().contains("fence \"") && msg.message().contains("epoch 1"),
+            "{msg:?}"
+        );
     }
     (cluster, db, proxy)
 }
