@@ -31,11 +31,14 @@ pub struct RawConfig {
     pub max_message_size: Option<usize>,
     /// Seconds a SIGTERM waits for open transactions before closing them. Default 30.
     pub shutdown_grace: Option<f64>,
-    /// Seconds to wait for the upstream TCP connection. Default 5.
+    /// Seconds to reach the upstream: its TCP connection, then its first answer to the
+    /// startup packet (FATAL 08001 after). Default 5.
     pub connect_timeout: Option<f64>,
     /// Threads serving sessions: 1 (default) runs everything on one thread, like PgBouncer,
     /// which costs the least CPU per query; 0 means one per CPU, for more than one core of relaying.
     pub workers: Option<usize>,
+    /// The database `pgfence init` installs into when `--database-url` is not given.
+    pub database_url: Option<String>,
     /// The fences; a table belongs to at most one fence (per database).
     #[serde(default, rename = "fence")]
     pub fences: Vec<RawFence>,
@@ -124,6 +127,8 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Runtime threads (0 = one per CPU).
     pub workers: usize,
+    /// Where `pgfence init` installs by default.
+    pub database_url: Option<String>,
     /// Fences.
     pub fences: Vec<Fence>,
 }
@@ -181,6 +186,11 @@ impl RawConfig {
         check_host_port("listen", &listen)?;
         let upstream = self.upstream.unwrap_or_else(|| DEFAULT_UPSTREAM.into());
         check_host_port("upstream", &upstream)?;
+        if upstream.ends_with(":0") {
+            return Err(invalid(format!(
+                "upstream = {upstream:?}: port 0 is not a port Postgres listens on"
+            )));
+        }
         let max_client_conn = self.max_client_conn.unwrap_or(1000);
         if max_client_conn == 0 {
             return Err(invalid("max_client_conn must be at least 1".into()));
@@ -213,6 +223,7 @@ impl RawConfig {
             shutdown_grace,
             connect_timeout,
             workers,
+            database_url: self.database_url,
             fences,
         })
     }
@@ -226,6 +237,12 @@ impl RawFence {
         }
         if self.tables.is_empty() {
             return Err(invalid("tables must list at least one table".into()));
+        }
+        if self.database.as_deref() == Some("") {
+            // No session has an empty database name: such a fence would guard nothing.
+            return Err(invalid(
+                "database must name a database (leave it out to fence the tables in every database)".into(),
+            ));
         }
         let tables = self
             .tables
@@ -382,6 +399,11 @@ mod tests {
                 "twice",
             ),
             ("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nbogus = 1", "unknown field"),
+            (
+                "[[fence]]\nname = \"a\"\ndatabase = \"\"\ntables = [\"t\"]",
+                "must name a database",
+            ),
+            ("upstream = \"127.0.0.1:0\"", "port 0"),
         ];
         for (text, expect) in cases {
             let err = parse(text).unwrap_err().to_string();

@@ -37,9 +37,10 @@ enum Command {
     },
     /// Install or upgrade the `pgfence` schema in one database (idempotent).
     Init {
-        /// The database to install into, e.g. postgres://user@127.0.0.1:5432/app
+        /// The database to install into, e.g. postgres://user@127.0.0.1:5432/app (or the
+        /// config's `database_url`). Without a password in it, `PGPASSWORD` is used.
         #[arg(long)]
-        database_url: String,
+        database_url: Option<String>,
         /// With a config, also register its fences and install their lease triggers.
         #[arg(long, short)]
         config: Option<PathBuf>,
@@ -152,11 +153,24 @@ async fn run(command: Command) -> anyhow::Result<()> {
             upstream,
         } => serve(Arc::new(load(config.as_ref(), listen, upstream)?)).await,
         Command::Init { database_url, config } => {
-            let fences = match config {
-                Some(p) => load(Some(&p), None, None)?.fences,
-                None => Vec::new(),
+            let (fences, from_config) = match config {
+                Some(p) => {
+                    let c = load(Some(&p), None, None)?;
+                    (c.fences, c.database_url)
+                }
+                None => (Vec::new(), None),
             };
-            let (mut client, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+            let Some(url) = database_url.or(from_config) else {
+                anyhow::bail!("init needs --database-url (or database_url in the config)");
+            };
+            let mut db: tokio_postgres::Config = url.parse().context("invalid database URL")?;
+            if db.get_password().is_none() {
+                if let Ok(password) = std::env::var("PGPASSWORD") {
+                    db.password(password);
+                }
+            }
+            let (mut client, connection) = db
+                .connect(tokio_postgres::NoTls)
                 .await
                 .context("cannot connect to the database")?;
             tokio::spawn(connection);

@@ -106,3 +106,65 @@ async fn newer_protocol_minor_gets_negotiate_protocol_version() {
     assert_eq!(msgs.last().unwrap().tag, b'Z');
     assert_eq!(crate::common::raw::tags(&raw.simple("SELECT 1").await), "TDCZ");
 }
+
+#[tokio::test]
+async fn init_takes_its_database_url_from_the_config_too() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let path = write_config(&format!(
+        "database_url = \"postgres://postgres@127.0.0.1:{}/{db}\"\n",
+        cluster.port()
+    ));
+    let (ok, text) = tokio::task::spawn_blocking(move || pgfence(&["init", "--config", &path]))
+        .await
+        .unwrap();
+    assert!(ok, "{text}");
+    let admin = cluster.admin(&db).await;
+    let v: i32 = admin
+        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, pgfence::fence::install::SCHEMA_VERSION);
+    // Neither the flag nor the key: a clear error.
+    let (ok, text) = pgfence(&["init", "--config", &write_config("")]);
+    assert!(!ok && text.contains("--database-url"), "{text}");
+}
+
+/// libpq's PGPASSWORD: a URL without a password takes it from there.
+#[tokio::test]
+async fn init_uses_pgpassword_when_the_url_has_no_password() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A server that asks for a cleartext password, keeps what it is sent and refuses.
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let len = s.read_u32().await.unwrap() as usize;
+        let mut startup = vec![0u8; len - 4];
+        s.read_exact(&mut startup).await.unwrap();
+        s.write_all(b"R\0\0\0\x08\0\0\0\x03").await.unwrap();
+        assert_eq!(s.read_u8().await.unwrap(), b'p');
+        let len = s.read_u32().await.unwrap() as usize;
+        let mut password = vec![0u8; len - 4];
+        s.read_exact(&mut password).await.unwrap();
+        let mut err = b"SFATAL\0C28P01\0Mpassword authentication failed\0\0".to_vec();
+        let mut msg = vec![b'E'];
+        msg.extend_from_slice(&((err.len() + 4) as u32).to_be_bytes());
+        msg.append(&mut err);
+        s.write_all(&msg).await.unwrap();
+        String::from_utf8(password).unwrap()
+    });
+    let url = format!("postgres://someone@127.0.0.1:{port}/x");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_pgfence"))
+            .args(["init", "--database-url", &url])
+            .env("PGPASSWORD", "s3cret")
+            .output()
+            .expect("run pgfence")
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(server.await.unwrap(), "s3cret\0");
+}
