@@ -24,6 +24,9 @@ const BIND_PREFIX: usize = 64 * 1024;
 const SMALL_MESSAGE: usize = 64 * 1024;
 /// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse, ParameterStatus) up to this size.
 const SERVER_INSPECT: usize = 1024 * 1024;
+/// Postgres' largest acceptable message length, length word included (`PQ_LARGE_MESSAGE_LIMIT`):
+/// it ends a session that sends more, even as streamed COPY data.
+const PG_MESSAGE_LIMIT: usize = 0x3fff_fffe;
 /// Buffers grown past this are released once empty.
 const SHRINK_ABOVE: usize = 1024 * 1024;
 
@@ -150,6 +153,13 @@ where
                     Err(e) => return End::ClientProtocol(e.to_string()),
                 };
                 let total = h.total_len();
+                if total - 1 > PG_MESSAGE_LIMIT {
+                    // Postgres would drop the connection without a word; say why.
+                    return End::ClientProtocol(format!(
+                        "message type '{}' of {} bytes exceeds the protocol's limit",
+                        h.tag as char, h.body_len
+                    ));
+                }
                 let whole = match h.tag {
                     b'Q' | b'P' if h.body_len > max_message => {
                         return End::ClientProtocol(format!(

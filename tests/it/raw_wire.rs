@@ -53,6 +53,22 @@ async fn two_gib_length_header_gets_08p01() {
     still_fine(&bystander, &proxy).await;
 }
 
+/// Streamed messages (CopyData, Bind) are not read whole, but Postgres refuses any message
+/// over 1 GiB by ending the session without a word: pgfence says why.
+#[tokio::test]
+async fn streamed_message_over_the_protocol_limit_gets_08p01() {
+    let (db, proxy, bystander) = setup().await;
+    for tag in [b'd', b'B'] {
+        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+        raw.send(&[tag, 0x40, 0, 0, 0, 0]).await;
+        let rest = raw.read_until(|_| false).await;
+        assert_eq!(codes(&rest), ["08P01"], "{}: {rest:?}", tag as char);
+        let message = rest.iter().find_map(|m| m.field(b'M')).unwrap_or_default();
+        assert!(message.contains("limit"), "{message}");
+    }
+    still_fine(&bystander, &proxy).await;
+}
+
 #[tokio::test]
 async fn negative_length_and_malformed_messages_get_08p01() {
     let (db, proxy, bystander) = setup().await;
