@@ -32,7 +32,7 @@ pub struct RawConfig {
     /// Seconds a SIGTERM waits for open transactions before closing them. Default 30.
     pub shutdown_grace: Option<f64>,
     /// Seconds to reach the upstream: its TCP connection, then its first answer to the
-    /// startup packet (FATAL 08001 after). Default 5.
+    /// startup packet (FATAL 08001 after); 0 means no limit. Default 5.
     pub connect_timeout: Option<f64>,
     /// Threads serving sessions: 1 (default) runs everything on one thread, like PgBouncer,
     /// which costs the least CPU per query; 0 means one per CPU, for more than one core of relaying.
@@ -202,7 +202,11 @@ impl RawConfig {
             ));
         }
         let shutdown_grace = seconds("shutdown_grace", self.shutdown_grace.unwrap_or(30.0))?;
-        let connect_timeout = seconds("connect_timeout", self.connect_timeout.unwrap_or(5.0))?;
+        // 0 means no limit, as libpq's connect_timeout.
+        let connect_timeout = match seconds("connect_timeout", self.connect_timeout.unwrap_or(5.0))? {
+            Duration::ZERO => Duration::MAX,
+            d => d,
+        };
         let fences = self
             .fences
             .into_iter()
@@ -409,6 +413,15 @@ mod tests {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(expect), "{text:?} gave {err:?}");
         }
+    }
+
+    #[test]
+    fn connect_timeout_zero_means_no_limit() {
+        assert_eq!(parse("connect_timeout = 0").unwrap().connect_timeout, Duration::MAX);
+        assert_eq!(
+            parse("connect_timeout = 2.5").unwrap().connect_timeout,
+            Duration::from_millis(2500)
+        );
     }
 
     #[test]
