@@ -185,8 +185,7 @@ impl RawConfig {
         let listen = self.listen.unwrap_or_else(|| DEFAULT_LISTEN.into());
         check_host_port("listen", &listen)?;
         let upstream = self.upstream.unwrap_or_else(|| DEFAULT_UPSTREAM.into());
-        check_host_port("upstream", &upstream)?;
-        if upstream.ends_with(":0") {
+        if check_host_port("upstream", &upstream)? == 0 {
             return Err(invalid(format!(
                 "upstream = {upstream:?}: port 0 is not a port Postgres listens on"
             )));
@@ -317,17 +316,13 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_host_port(field: &str, value: &str) -> Result<(), ConfigError> {
-    let ok = value
+/// Checks `host:port` and returns the port.
+fn check_host_port(field: &str, value: &str) -> Result<u16, ConfigError> {
+    value
         .rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::Invalid(format!(
-            "{field} = {value:?}: expected host:port, e.g. 127.0.0.1:6432"
-        )))
-    }
+        .filter(|(host, _)| !host.is_empty())
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .ok_or_else(|| ConfigError::Invalid(format!("{field} = {value:?}: expected host:port, e.g. 127.0.0.1:6432")))
 }
 
 fn seconds(field: &str, value: f64) -> Result<Duration, ConfigError> {

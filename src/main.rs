@@ -208,28 +208,29 @@ async fn signals(shutdown: Shutdown) {
     };
     let mut draining = false;
     loop {
-        tokio::select! {
-            _ = term.recv() => {
-                if draining {
-                    break;
-                }
-                tracing::info!("SIGTERM: draining");
-                shutdown.drain.cancel();
-                draining = true;
-            }
-            _ = int.recv() => {
-                if !draining {
-                    tracing::info!("SIGINT: closing");
-                    shutdown.fast.cancel();
-                    return;
-                }
-                break;
-            }
+        let sigterm = tokio::select! {
+            _ = term.recv() => true,
+            _ = int.recv() => false,
             _ = hup.recv() => {
                 tracing::warn!("SIGHUP ignored: pgfence reads its config only at start; restart it to apply a changed config");
+                continue;
             }
+        };
+        if sigterm && !draining {
+            tracing::info!("SIGTERM: draining");
+            shutdown.drain.cancel();
+            draining = true;
+            continue;
         }
+        tracing::info!(
+            "{}",
+            if draining {
+                "second signal: closing"
+            } else {
+                "SIGINT: closing"
+            }
+        );
+        break;
     }
-    tracing::info!("second signal: closing");
     shutdown.fast.cancel();
 }

@@ -111,29 +111,33 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
             }
         }
     };
-    // The last words are bounded: a client that stopped reading must not hold the session
-    // (and a draining proxy) open. After SIGINT they get a moment, not more.
     let limit = if matches!(end, End::Drained) {
-        LAST_WORDS_DRAINED
+        LAST_WORDS_SHUTDOWN
     } else {
         LAST_WORDS
     };
-    let last_words = tokio::time::timeout(limit, finish(end, &mut client, &mut upstream)).instrument(span);
+    last_words(ctx, limit, finish(end, &mut client, &mut upstream).instrument(span)).await;
+}
+
+/// How long the end of a session may take to write its FATAL and close both sockets.
+const LAST_WORDS: Duration = Duration::from_secs(5);
+/// The same when shutdown ends the session (the grace period, if any, is already over).
+const LAST_WORDS_SHUTDOWN: Duration = Duration::from_secs(1);
+/// The same after SIGINT, which closes everything within a second.
+const LAST_WORDS_FAST: Duration = Duration::from_millis(200);
+
+/// Runs what a session says and does as it ends (`words`) for at most `limit`, or
+/// [`LAST_WORDS_FAST`] once SIGINT came: a client that stopped reading must not hold the
+/// session, or a stopping proxy, open.
+async fn last_words(ctx: &ServerContext, limit: Duration, words: impl Future) {
     tokio::select! {
-        _ = last_words => {}
+        _ = tokio::time::timeout(limit, words) => {}
         () = async {
             ctx.fast.cancelled().await;
             tokio::time::sleep(LAST_WORDS_FAST).await;
         } => {}
     }
 }
-
-/// How long the end of a session may take to write its FATAL and close both sockets.
-const LAST_WORDS: Duration = Duration::from_secs(5);
-/// The same when shutdown ends the session: the grace period is already over.
-const LAST_WORDS_DRAINED: Duration = Duration::from_secs(1);
-/// The same after SIGINT, which closes everything within a second.
-const LAST_WORDS_FAST: Duration = Duration::from_millis(200);
 
 /// A future polled only after it woke its task itself, not on every wake of the task:
 /// the drain signal, beside two relay directions that wake the session for every

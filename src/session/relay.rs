@@ -153,7 +153,7 @@ where
                     Err(e) => return End::ClientProtocol(e.to_string()),
                 };
                 let total = h.total_len();
-                if total - 1 > PG_MESSAGE_LIMIT {
+                if h.body_len + 4 > PG_MESSAGE_LIMIT {
                     // Postgres would drop the connection without a word; say why.
                     return End::ClientProtocol(format!(
                         "message type '{}' of {} bytes exceeds the protocol's limit",

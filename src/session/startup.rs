@@ -26,8 +26,6 @@ use crate::server::{CancelKeyGuard, ServerContext, UpstreamKey};
 
 /// Postgres' `authentication_timeout` default.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a closing FATAL may take to reach a client; one that does not read is cut off.
-const LAST_WORDS: Duration = Duration::from_secs(1);
 /// Largest message accepted during authentication (SASL and GSS tokens are small).
 const AUTH_MESSAGE_MAX: usize = 64 * 1024;
 
@@ -58,7 +56,8 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
         () = ctx.drain.cancelled() => {
             debug!("shutdown during startup");
             if started.load(Ordering::Relaxed) {
-                let _ = tokio::time::timeout(LAST_WORDS, client.write_all(&ProxyError::Shutdown.to_response())).await;
+                let fatal = ProxyError::Shutdown.to_response();
+                super::last_words(ctx, super::LAST_WORDS_SHUTDOWN, client.write_all(&fatal)).await;
             }
             return Ok(None);
         }
@@ -75,7 +74,8 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
         Ok(Ok(None)) => Ok(None),
         Ok(Err(e)) => {
             if let Some(err) = report(&e) {
-                let _ = tokio::time::timeout(LAST_WORDS, client.write_all(&err.to_response())).await;
+                let fatal = err.to_response();
+                super::last_words(ctx, super::LAST_WORDS, client.write_all(&fatal)).await;
             }
             Err(e)
         }

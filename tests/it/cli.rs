@@ -18,6 +18,25 @@ fn pgfence(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `pgfence ARGS` from async code.
+async fn pgfence_async(args: &[&str]) -> (bool, String) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || pgfence(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+        .await
+        .unwrap()
+}
+
+/// The schema version `pgfence init` left in `db`.
+async fn installed_version(cluster: &Cluster, db: &str) -> i32 {
+    cluster
+        .admin(db)
+        .await
+        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 fn write_config(text: &str) -> String {
     let dir = crate::common::unique_temp_dir("cli");
     let path = dir.join("pgfence.toml");
@@ -62,19 +81,13 @@ async fn init_twice_via_the_command_line() {
     let db = cluster.fresh_db().await;
     let url = format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
     for _ in 0..2 {
-        let url = url.clone();
-        let (ok, text) = tokio::task::spawn_blocking(move || pgfence(&["init", "--database-url", &url]))
-            .await
-            .unwrap();
+        let (ok, text) = pgfence_async(&["init", "--database-url", &url]).await;
         assert!(ok, "{text}");
     }
-    let admin = cluster.admin(&db).await;
-    let v: i32 = admin
-        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(v, pgfence::fence::install::SCHEMA_VERSION);
+    assert_eq!(
+        installed_version(cluster, &db).await,
+        pgfence::fence::install::SCHEMA_VERSION
+    );
 }
 
 #[test]
@@ -115,17 +128,12 @@ async fn init_takes_its_database_url_from_the_config_too() {
         "database_url = \"postgres://postgres@127.0.0.1:{}/{db}\"\n",
         cluster.port()
     ));
-    let (ok, text) = tokio::task::spawn_blocking(move || pgfence(&["init", "--config", &path]))
-        .await
-        .unwrap();
+    let (ok, text) = pgfence_async(&["init", "--config", &path]).await;
     assert!(ok, "{text}");
-    let admin = cluster.admin(&db).await;
-    let v: i32 = admin
-        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(v, pgfence::fence::install::SCHEMA_VERSION);
+    assert_eq!(
+        installed_version(cluster, &db).await,
+        pgfence::fence::install::SCHEMA_VERSION
+    );
     // Neither the flag nor the key: a clear error.
     let (ok, text) = pgfence(&["init", "--config", &write_config("")]);
     assert!(!ok && text.contains("--database-url"), "{text}");

@@ -132,11 +132,7 @@ async fn clients_still_logging_in_do_not_hold_up_shutdown() {
         let request = asked.read().await.expect("the password request");
         assert_eq!(request.tag, b'R');
         let started = Instant::now();
-        if signal == "TERM" {
-            proxy.sigterm();
-        } else {
-            proxy.sigint();
-        }
+        proxy.signal(signal);
         let status = proxy.wait_exit(Duration::from_secs(10)).await;
         assert!(
             status.is_some_and(|s| s.success()),
@@ -172,11 +168,7 @@ async fn a_client_that_stops_reading_does_not_hold_up_shutdown() {
         let other = connect(proxy.port(), &db, "").await;
         other.simple_query("SELECT 1").await.unwrap();
         let started = Instant::now();
-        if signal == "TERM" {
-            proxy.sigterm();
-        } else {
-            proxy.sigint();
-        }
+        proxy.signal(signal);
         let status = proxy.wait_exit(Duration::from_secs(15)).await;
         assert!(
             status.is_some_and(|s| s.success()),
