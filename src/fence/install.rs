@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -43,6 +43,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 3,
         name: "0003_guard_locks",
         sql: include_str!("sql/0003_guard_locks.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "0004_current_epoch",
+        sql: include_str!("sql/0004_current_epoch.sql"),
     },
 ];
 

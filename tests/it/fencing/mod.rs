@@ -339,15 +339,30 @@ async fn epoch_above_the_lease_is_pf003() {
         .unwrap();
 }
 
+/// With the lease row gone no epoch is granted, not even the last leader's; the message
+/// still gives the fence's current epoch (its HWM), not the missing lease's 0.
 #[tokio::test]
 async fn missing_lease_row_grants_no_epoch() {
     let f = Fixture::new().await;
+    f.takeover("node-a").await;
+    let e2 = f.takeover("node-b").await;
     f.admin.execute("DELETE FROM leader_lease", &[]).await.unwrap();
-    let s = f.leader(1).await;
-    assert_eq!(
-        code(&s.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await),
-        "PF003"
-    );
+    assert_eq!(f.hwm().await, e2);
+    let s = f.leader(e2).await;
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id = 1";
+    for r in [s.execute(write, &[]).await.map(drop), s.batch_execute(write).await] {
+        let e = r.expect_err("no epoch is granted");
+        let db = e.as_db_error().expect("raised by Postgres");
+        assert_eq!(db.code().code(), "PF003");
+        assert_eq!(
+            db.message(),
+            format!(
+                "pgfence: epoch {e2} is above the epoch the lease granted for fence \"sweeper\" \
+                 (current epoch {e2}; the lease grants no epoch: its row is missing or its epoch is 0)"
+            )
+        );
+    }
+    assert_eq!(f.note().await.0, "init");
 }
 
 #[tokio::test]
