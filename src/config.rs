@@ -133,6 +133,22 @@ pub struct Config {
     pub fences: Vec<Fence>,
 }
 
+impl Config {
+    /// Settings that are valid but have no effect, one sentence each: the caller logs them.
+    pub fn warnings(&self) -> Vec<String> {
+        self.fences
+            .iter()
+            .filter(|f| f.mode == Mode::Reject && f.epoch_column.is_some())
+            .map(|f| {
+                format!(
+                    "fence {:?}: epoch_column is read only with mode = \"rewrite\"; this reject-mode fence ignores it",
+                    f.name
+                )
+            })
+            .collect()
+    }
+}
+
 /// A configuration problem, worded for the person who wrote the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -299,11 +315,7 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
             // Fence identity is (database, table): two fences may share a table
             // name only when they are restricted to different databases.
             for (other, db) in owners.iter() {
-                let overlap = match (db, f.database.as_deref()) {
-                    (Some(a), Some(b)) => *a == b,
-                    _ => true,
-                };
-                if overlap {
+                if databases_overlap(*db, f.database.as_deref()) {
                     return Err(ConfigError::Invalid(format!(
                         "table {t} belongs to fence {other:?} and fence {:?}; a table belongs to at most one fence",
                         f.name
@@ -313,7 +325,30 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
             owners.push((&f.name, f.database.as_deref()));
         }
     }
+    // Taking or renewing a lease must not itself need an epoch: a fenced lease table
+    // would refuse every acquisition (PF002, then PF003), and nobody could lead again.
+    for f in fences {
+        let Some(lease) = &f.lease else { continue };
+        for (owner, db) in tables.get(&lease.table).into_iter().flatten() {
+            if databases_overlap(*db, f.database.as_deref()) {
+                return Err(ConfigError::Invalid(format!(
+                    "fence {:?}: lease table {} is also a fenced table (of fence {owner:?}); \
+                     taking the lease would need an epoch, so nobody could ever lead: \
+                     remove it from tables",
+                    f.name, lease.table
+                )));
+            }
+        }
+    }
     Ok(())
+}
+
+/// Whether two fences' `database` settings can apply to the same database (unset: any).
+fn databases_overlap(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
 }
 
 /// Checks `host:port` and returns the port.
@@ -403,11 +438,30 @@ mod tests {
                 "must name a database",
             ),
             ("upstream = \"127.0.0.1:0\"", "port 0"),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\", \"leader_lease\"]\n[fence.lease]\ntable = \"public.leader_lease\"",
+                "lease table public.leader_lease is also a fenced table (of fence \"a\")",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\n\
+                 [[fence]]\nname = \"b\"\ndatabase = \"x\"\ntables = [\"leases\"]",
+                "is also a fenced table (of fence \"b\")",
+            ),
         ];
         for (text, expect) in cases {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(expect), "{text:?} gave {err:?}");
         }
+    }
+
+    #[test]
+    fn epoch_column_in_reject_mode_is_a_warning() {
+        let fence = "[[fence]]\nname = \"a\"\ntables = [\"t\"]\nepoch_column = \"last_epoch\"\n";
+        let warnings = parse(fence).unwrap().warnings();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("fence \"a\": epoch_column"), "{warnings:?}");
+        let rewrite = format!("{fence}mode = \"rewrite\"\n");
+        assert!(parse(&rewrite).unwrap().warnings().is_empty());
     }
 
     #[test]
@@ -417,6 +471,13 @@ mod tests {
             parse("connect_timeout = 2.5").unwrap().connect_timeout,
             Duration::from_millis(2500)
         );
+    }
+
+    #[test]
+    fn a_lease_table_may_be_fenced_in_another_database() {
+        let text = "[[fence]]\nname = \"a\"\ndatabase = \"x\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\n\
+                    [[fence]]\nname = \"b\"\ndatabase = \"y\"\ntables = [\"leases\"]";
+        assert_eq!(parse(text).unwrap().fences.len(), 2);
     }
 
     #[test]

@@ -142,7 +142,11 @@ fn load(path: Option<&PathBuf>, listen: Option<String>, upstream: Option<String>
     };
     raw.listen = listen.or(raw.listen);
     raw.upstream = upstream.or(raw.upstream);
-    Ok(raw.validate()?)
+    let config = raw.validate()?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    Ok(config)
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

@@ -64,6 +64,10 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
             "at most one fence",
         ),
         ("upstream = 5432\n", "upstream"),
+        (
+            "[[fence]]\nname = \"a\"\ntables = [\"t\", \"leader_lease\"]\n[fence.lease]\ntable = \"leader_lease\"\n",
+            "lease table public.leader_lease is also a fenced table",
+        ),
     ] {
         let (ok, text) = pgfence(&["check-config", "--config", &write_config(bad)]);
         assert!(!ok, "{bad:?} must be refused");
@@ -73,6 +77,14 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
     assert!(!ok && text.contains("cannot read"), "{text}");
     // The cause is said once.
     assert_eq!(text.matches("No such file or directory").count(), 1, "{text}");
+    // Valid but without effect: accepted, with a warning.
+    let ignored = write_config("[[fence]]\nname = \"a\"\ntables = [\"t\"]\nepoch_column = \"last_epoch\"\n");
+    let (ok, text) = pgfence(&["check-config", "--config", &ignored]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("WARN") && text.contains("epoch_column is read only with mode"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
