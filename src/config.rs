@@ -314,6 +314,12 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
             let owners = tables.entry(t).or_default();
             // Fence identity is (database, table): two fences may share a table
             // name only when they are restricted to different databases.
+            if owners.iter().any(|(owner, _)| *owner == f.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "fence {:?} lists table {t} twice",
+                    f.name
+                )));
+            }
             for (other, db) in owners.iter() {
                 if databases_overlap(*db, f.database.as_deref()) {
                     return Err(ConfigError::Invalid(format!(
@@ -446,6 +452,10 @@ mod tests {
                 "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\n\
                  [[fence]]\nname = \"b\"\ndatabase = \"x\"\ntables = [\"leases\"]",
                 "is also a fenced table (of fence \"b\")",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\", \"public.T\"]",
+                "fence \"a\" lists table public.t twice",
             ),
         ];
         for (text, expect) in cases {

@@ -185,6 +185,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Demo => pgfence::demo::run().await,
         Command::CheckConfig { config } => {
             let c = load(Some(&config), None, None)?;
+            // Syntax alone lets `1.2.3.4.5:6432` through; `serve` would fail to bind it.
+            if let Err(e) = tokio::net::lookup_host(&c.listen).await {
+                anyhow::bail!("listen = {:?}: cannot resolve the address: {e}", c.listen);
+            }
+            // The upstream may resolve only where pgfence runs: said, not refused.
+            if let Err(e) = tokio::net::lookup_host(&c.upstream).await {
+                tracing::warn!("upstream = {:?}: cannot resolve the address here: {e}", c.upstream);
+            }
             println!(
                 "{}: ok (listen {}, upstream {}, {} fence(s))",
                 config.display(),

@@ -64,6 +64,7 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
             "at most one fence",
         ),
         ("upstream = 5432\n", "upstream"),
+        ("listen = \"1.2.3.4.5:6432\"\n", "cannot resolve the address"),
         (
             "[[fence]]\nname = \"a\"\ntables = [\"t\", \"leader_lease\"]\n[fence.lease]\ntable = \"leader_lease\"\n",
             "lease table public.leader_lease is also a fenced table",
@@ -83,6 +84,14 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
     assert!(ok, "{text}");
     assert!(
         text.contains("WARN") && text.contains("epoch_column is read only with mode"),
+        "{text}"
+    );
+    // The upstream may resolve only where pgfence runs: a warning, not a refusal.
+    let elsewhere = write_config("upstream = \"db.invalid:5432\"\n");
+    let (ok, text) = pgfence(&["check-config", "--config", &elsewhere]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("WARN") && text.contains("cannot resolve the address here"),
         "{text}"
     );
 }

@@ -37,6 +37,16 @@ pub(super) fn shape(what: &str) -> Unsupported {
     Unsupported::new(format!("pgfence cannot rewrite this statement soundly: {what}"))
 }
 
+/// "a TRUNCATE statement", "an EXPLAIN statement".
+fn kind_of(keyword: &str) -> String {
+    let article = if keyword.starts_with(['A', 'E', 'I', 'O', 'U']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("{article} {keyword} statement")
+}
+
 impl Rw<'_, '_> {
     pub(super) fn insert(&mut self, at: usize, text: String) {
         self.edits.push(Edit { at: at..at, text });
@@ -66,7 +76,7 @@ impl Rw<'_, '_> {
             () if t.is(a, "insert") => self.insert_stmt(a, b, d),
             () if t.is(a, "merge") => self.merge(a, b, d),
             () if t.is(a, "select") || t.is(a, "values") || t.is(a, "table") => Ok(()),
-            () => Err(shape(&format!("a {} statement", t.src(a).to_ascii_uppercase()))),
+            () => Err(shape(&kind_of(&t.src(a).to_ascii_uppercase()))),
         }
     }
 
