@@ -68,6 +68,7 @@ fn attribution(c: &mut Criterion) {
             st.pending.push_back(Unit::Query {
                 parts: Vec::new(),
                 done: 0,
+                positions: None,
             });
             let mut pos = 0;
             while let Ok(Some(h)) = peek_header(&chunk[pos..]) {

@@ -149,6 +149,43 @@ pub fn error_without_context(body: &[u8]) -> Option<bytes::BytesMut> {
     Some(out)
 }
 
+/// The whole ErrorResponse message of `body` with its position (`P`) given by `map`
+/// from the one Postgres gave. `None` when it has no position, `map` leaves it as it
+/// is, or the body is malformed.
+pub fn error_with_position(body: &[u8], map: impl FnOnce(usize) -> usize) -> Option<bytes::BytesMut> {
+    let mut fields = Vec::new();
+    let mut position = None;
+    let mut r = Body::new(body);
+    loop {
+        let field = r.u8()?;
+        if field == 0 {
+            break;
+        }
+        let value = r.cstr()?;
+        if field == b'P' {
+            position = Some((fields.len(), std::str::from_utf8(value).ok()?.parse::<usize>().ok()?));
+        }
+        fields.push((field, value));
+    }
+    let (index, sent) = position?;
+    let client = map(sent).to_string();
+    if client.parse() == Ok(sent) {
+        return None;
+    }
+    fields[index].1 = client.as_bytes();
+    let len: usize = 4 + 1 + fields.iter().map(|(_, v)| v.len() + 2).sum::<usize>();
+    let mut out = bytes::BytesMut::with_capacity(len + 1);
+    out.extend_from_slice(b"E");
+    out.extend_from_slice(&i32::try_from(len).ok()?.to_be_bytes());
+    for (field, value) in fields {
+        out.extend_from_slice(&[field]);
+        out.extend_from_slice(value);
+        out.extend_from_slice(&[0]);
+    }
+    out.extend_from_slice(&[0]);
+    Some(out)
+}
+
 /// `Some(on)` when a ParameterStatus body reports `standard_conforming_strings`,
 /// which decides where string literals end for the rest of the session.
 pub fn standard_conforming_strings(body: &[u8]) -> Option<bool> {
@@ -175,6 +212,19 @@ pub fn client_encoding_hides_backslash(body: &[u8]) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_with_position_changes_only_the_position() {
+        let body = b"SERROR\0C42601\0Msyntax error at or near \"SELEC\"\0P97\0Fscan.l\0\0";
+        let out = error_with_position(body, |p| p - 47).unwrap();
+        let expect = b"SERROR\0C42601\0Msyntax error at or near \"SELEC\"\0P50\0Fscan.l\0\0";
+        assert_eq!(&out[..1], b"E");
+        assert_eq!(&out[1..5], &(expect.len() as i32 + 4).to_be_bytes());
+        assert_eq!(&out[5..], expect);
+        assert!(error_with_position(body, |p| p).is_none());
+        assert!(error_with_position(b"SERROR\0C42601\0\0", |p| p + 1).is_none());
+        assert!(error_with_position(b"SERROR\0Pxx\0\0", |p| p + 1).is_none());
+    }
 
     #[test]
     fn error_without_context_keeps_every_other_field() {

@@ -7,7 +7,9 @@ use crate::fence::epoch::Epoch;
 use crate::sql::FenceId;
 use crate::sql::classify::{Analysis, Analyzer, FenceSet};
 use crate::sql::lex::Lexing;
-use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported, rewrite_lexing};
+use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported, rewrite_lexing, rewrite_source};
+
+use super::positions::{Redo, byte_offset, char_offset};
 
 /// The fences as seen from one database, shared by its sessions.
 pub struct DbFences {
@@ -24,6 +26,15 @@ pub struct DbFences {
     analyzers: [Mutex<Analyzer>; 2],
     /// Per fence, indexed by [`FenceId`]: its rewrite cache in rewrite mode.
     rewriters: Vec<Option<Mutex<RewriteCache>>>,
+}
+
+impl std::fmt::Debug for DbFences {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbFences")
+            .field("names", &self.names)
+            .field("applicable", &self.applicable)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DbFences {
@@ -116,6 +127,23 @@ impl DbFences {
             return Some(rewrite_lexing(stmt_sql, cache.target(), epoch, lexing).map(Arc::from));
         }
         Some(cache.rewrite(stmt_sql, epoch))
+    }
+}
+
+impl DbFences {
+    /// For character offset `sent_chars` in the rewrite of `original` that `redo` made,
+    /// the character offset in `original` it comes from (see `rewrite_source`). Rewrites
+    /// again: for an error's position, not for every statement.
+    pub fn rewrite_source_chars(&self, original: &str, redo: Redo, sent_chars: usize) -> Option<usize> {
+        let cache = self.rewriters.get(usize::from(redo.fence.0))?.as_ref()?;
+        let target = cache.lock().unwrap_or_else(|p| p.into_inner()).target().clone();
+        let lexing = Lexing {
+            standard_conforming_strings: redo.standard_conforming_strings,
+        };
+        let byte = rewrite_source(original, &target, redo.epoch, lexing, |sent| {
+            byte_offset(sent, sent_chars)
+        })?;
+        Some(char_offset(original, byte))
     }
 }
 

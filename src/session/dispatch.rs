@@ -12,6 +12,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
+use super::positions::Positions;
 use super::rewriting::RwStatement;
 use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
 use crate::fence::call as guard_sql;
@@ -137,6 +138,7 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
                 done: 0,
+                positions: None,
             });
             return Some(raise_block(&r));
         }
@@ -157,11 +159,14 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
                 done: 0,
+                positions: None,
             });
             return None;
         }
         let mut parts = Vec::with_capacity(analysis.statements.len() + 1);
         let mut text = String::with_capacity(sql.len() + 96);
+        // How `text` is made of the client's, for the positions of Postgres' errors.
+        let mut positions = Positions::default();
         let mut copied = 0;
         let mut changed = false;
         let single = analysis.statements.len() == 1;
@@ -170,33 +175,45 @@ impl Dispatcher {
                 injected: None,
                 effect: None,
             };
+            let before = &sql[copied..stmt.span.start];
             match self.need(shared, &stmt.kind, batch) {
                 Need::None => {}
                 Need::Write(f) if self.any_rewrite(&f) => {
-                    let (sent, injected, rejected) =
-                        self.simple_rewrite(shared, &f, &sql[stmt.span.clone()], exact, single);
-                    if rejected {
+                    let original = &sql[stmt.span.clone()];
+                    let rw = self.simple_rewrite(shared, &f, original, exact, single);
+                    if rw.rejected {
                         // The rejection's own RowDescription is not the client's.
                         part.injected = Some(Injected::Reject);
                     }
-                    text.push_str(&sql[copied..stmt.span.start]);
-                    if let Some((injected, call)) = injected {
+                    text.push_str(before);
+                    positions.copied(before);
+                    if let Some((injected, call)) = rw.guard {
                         text.push_str(&call);
                         text.push(';');
+                        positions.replaced(&call, "");
+                        positions.replaced(";", "");
                         parts.push(Part {
                             injected: Some(injected),
                             effect: None,
                         });
                     }
-                    text.push_str(&sent);
+                    text.push_str(&rw.sent);
+                    match rw.redo {
+                        Some(redo) => positions.rewritten(&rw.sent, original, redo),
+                        None if rw.rejected => positions.replaced(&rw.sent, original),
+                        None => positions.copied(original),
+                    }
                     copied = stmt.span.end;
                     changed = true;
                 }
                 need => {
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {
-                        text.push_str(&sql[copied..stmt.span.start]);
+                        text.push_str(before);
                         text.push_str(&call);
                         text.push(';');
+                        positions.copied(before);
+                        positions.replaced(&call, "");
+                        positions.replaced(";", "");
                         copied = stmt.span.start;
                         changed = true;
                         parts.push(Part {
@@ -215,8 +232,12 @@ impl Dispatcher {
                     }
                     Err(rejection) => {
                         // Replace the SET: Postgres raises PF003 in its place, the value stays.
-                        text.push_str(&sql[copied..stmt.span.start]);
-                        text.push_str(&raise_block(&rejection));
+                        let before = &sql[copied..stmt.span.start];
+                        let block = raise_block(&rejection);
+                        text.push_str(before);
+                        text.push_str(&block);
+                        positions.copied(before);
+                        positions.replaced(&block, &sql[stmt.span.clone()]);
                         copied = stmt.span.end;
                         changed = true;
                     }
@@ -228,6 +249,7 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
                 done: 0,
+                positions: None,
             });
             return Some(raise_block(&Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
@@ -235,11 +257,21 @@ impl Dispatcher {
                 hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
             }));
         }
-        shared.pending.push_back(Unit::Query { parts, done: 0 });
         if !changed {
+            shared.pending.push_back(Unit::Query {
+                parts,
+                done: 0,
+                positions: None,
+            });
             return None;
         }
         text.push_str(&sql[copied..]);
+        positions.copied(&sql[copied..]);
+        shared.pending.push_back(Unit::Query {
+            parts,
+            done: 0,
+            positions: Some(Box::new(positions)),
+        });
         Some(text)
     }
 
@@ -522,7 +554,7 @@ impl Dispatcher {
             self.rw_statements.remove(name);
             // The statement sent raises PF004 itself.
             let defined = shared.define(name, self.batch, Arc::default());
-            shared.pending.push_back(Unit::Parse(None, Some(defined)));
+            shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
         let analysis = self
@@ -532,7 +564,8 @@ impl Dispatcher {
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d, shared.defined) {
-                    replacement = Some(raise_block(&rejection));
+                    // pgfence's own error, without a position.
+                    replacement = Some((raise_block(&rejection), Positions::default()));
                 }
             }
         }
@@ -540,8 +573,11 @@ impl Dispatcher {
         if let Some(rw) = self.rw_statements.get_mut(name) {
             rw.last.id = defined.id;
         }
-        shared.pending.push_back(Unit::Parse(None, Some(defined)));
-        replacement
+        let (text, positions) = replacement.unzip();
+        shared
+            .pending
+            .push_back(Unit::Parse(None, Some(defined), positions.map(Box::new)));
+        text
     }
 
     /// Bind: remembers which statement the portal runs; re-prepares a
@@ -741,7 +777,7 @@ impl Dispatcher {
             codec::parse(out, name, sql, types);
             shared
                 .pending
-                .push_back(Unit::Parse(Some(Injected::Prepare(own)), None));
+                .push_back(Unit::Parse(Some(Injected::Prepare(own)), None, None));
             shared.own.insert(own, Prepared::InFlight(self.sent));
         }
         let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();

@@ -17,6 +17,7 @@ mod context;
 pub mod declaration;
 pub mod declare;
 mod dispatch;
+mod positions;
 mod relay;
 mod rewriting;
 mod startup;
@@ -74,7 +75,7 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     } = est;
     let mut state = Shared::new(declared.clone());
     state.reported = reported;
-    state.fence_names = fences.names.clone();
+    state.fences = Some(fences.clone());
     let mut disp = Dispatcher::new(fences, declared);
     let shared = Mutex::new(state);
     let (mut cr, mut cw) = client.split();

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use bytes::{BufMut, BytesMut};
 
 use super::dispatch::Dispatcher;
+use super::positions::{Positions, Redo};
 use super::state::{Injected, Shared, Unit};
 use crate::error::sqlstate;
 use crate::fence::call as guard_sql;
@@ -51,6 +52,18 @@ pub(super) enum Plan {
         /// The rewritten statement.
         text: Arc<str>,
     },
+}
+
+/// What a simple Query sends for one statement that writes a rewrite-mode table.
+pub(super) struct SimpleRewrite {
+    /// The rewritten statement, a rejection in its place, or the statement as it is.
+    pub sent: String,
+    /// The guard to run before it, and what it is.
+    pub guard: Option<(Injected, String)>,
+    /// `sent` is a rejection: its replies are pgfence's.
+    pub rejected: bool,
+    /// `sent` is a rewrite, made so.
+    pub redo: Option<Redo>,
 }
 
 /// A client's prepared statement that writes a rewrite-mode table.
@@ -162,9 +175,8 @@ impl Dispatcher {
         }
     }
 
-    /// The text sent for a statement that writes a rewrite-mode table in a
-    /// simple Query (the rewritten statement, or a rejection in its place: then
-    /// `true`, and its replies are pgfence's) and the guard to run before it.
+    /// The text sent for a statement that writes a rewrite-mode table in a simple
+    /// Query, and the guard to run before it (see [`SimpleRewrite`]).
     pub(super) fn simple_rewrite(
         &self,
         shared: &Shared,
@@ -172,7 +184,7 @@ impl Dispatcher {
         stmt_sql: &str,
         exact: bool,
         single: bool,
-    ) -> (String, Option<(Injected, String)>, bool) {
+    ) -> SimpleRewrite {
         match self.plan(fences, stmt_sql, exact) {
             Plan::Rewrite { fence, epoch, text } => {
                 // The guard checks the lease (PF003) when there is one; without one it only
@@ -187,15 +199,34 @@ impl Dispatcher {
                     };
                     (Injected::Guard(fence, epoch), call)
                 });
-                (text.to_string(), guard, false)
+                SimpleRewrite {
+                    sent: text.to_string(),
+                    guard,
+                    rejected: false,
+                    redo: Some(Redo {
+                        fence,
+                        epoch,
+                        standard_conforming_strings: self.scs,
+                    }),
+                }
             }
-            Plan::Reject(r) => (guard_sql::reject_call(r.code, &r.message, &r.hint), None, true),
-            Plan::NotRewrite => (stmt_sql.to_owned(), None, false),
+            Plan::Reject(r) => SimpleRewrite {
+                sent: guard_sql::reject_call(r.code, &r.message, &r.hint),
+                guard: None,
+                rejected: true,
+                redo: None,
+            },
+            Plan::NotRewrite => SimpleRewrite {
+                sent: stmt_sql.to_owned(),
+                guard: None,
+                rejected: false,
+                redo: None,
+            },
         }
     }
 
     /// Parse of a statement that writes a rewrite-mode table: remembers it and
-    /// returns the rewritten text when the session has an epoch. The caller
+    /// returns the rewritten text (and how it was made) when the session has an epoch. The caller
     /// sets the definition number (`last.id`).
     pub(super) fn parse_rewrite(
         &mut self,
@@ -204,7 +235,7 @@ impl Dispatcher {
         analysis: &Arc<Analysis>,
         params: &[u8],
         exact: bool,
-    ) -> Option<String> {
+    ) -> Option<(String, Positions)> {
         self.rw_statements.remove(name);
         let [stmt] = analysis.statements.as_slice() else {
             return None;
@@ -231,9 +262,18 @@ impl Dispatcher {
             },
         };
         let text = match self.plan(&rw.fences, &sql[rw.span.clone()], exact) {
-            Plan::Rewrite { epoch, text, .. } => {
+            Plan::Rewrite { fence, epoch, text } => {
                 rw.last.epoch = Some(epoch);
-                Some(splice(&rw, &text))
+                let mut positions = Positions::default();
+                positions.copied(&rw.full[..rw.span.start]);
+                let redo = Redo {
+                    fence,
+                    epoch,
+                    standard_conforming_strings: self.scs,
+                };
+                positions.rewritten(&text, &rw.full[rw.span.clone()], redo);
+                positions.copied(&rw.full[rw.span.end..]);
+                Some((splice(&rw, &text), positions))
             }
             _ => None,
         };
@@ -320,7 +360,7 @@ impl Dispatcher {
             let id = defined.id;
             shared
                 .pending
-                .push_back(Unit::Parse(Some(Injected::Plumbing), Some(defined)));
+                .push_back(Unit::Parse(Some(Injected::Plumbing), Some(defined), None));
             if let Some(rw) = self.rw_statements.get_mut(statement) {
                 rw.last = LastParse {
                     id,

@@ -22,7 +22,9 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
+use super::context::DbFences;
 use super::declare::{Declarations, Scope};
+use super::positions::Positions;
 use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
 use crate::protocol::{codec, frame};
@@ -178,11 +180,14 @@ pub enum Unit {
         parts: Vec<Part>,
         /// Statements completed so far.
         done: usize,
+        /// How the text sent was made from the client's, when it is not the client's.
+        positions: Option<Box<Positions>>,
     },
     /// FunctionCall.
     FunctionCall,
-    /// Parse; the client's carry the definition it makes.
-    Parse(Option<Injected>, Option<Defined>),
+    /// Parse; the client's carry the definition it makes, and how the text sent was made
+    /// from theirs when it is not theirs.
+    Parse(Option<Injected>, Option<Defined>, Option<Box<Positions>>),
     /// Bind.
     Bind(Option<Injected>),
     /// Describe.
@@ -259,8 +264,9 @@ impl Reported {
 pub struct Shared {
     /// Requests awaiting replies, in dispatch order.
     pub pending: VecDeque<Unit>,
-    /// The session's fence names, indexed by [`FenceId`] (for messages pgfence writes itself).
-    pub fence_names: Arc<[String]>,
+    /// The fences of the session's database: their names for messages pgfence writes
+    /// itself, their rewrites for error positions.
+    pub fences: Option<Arc<DbFences>>,
     /// Transaction status from the last ReadyForQuery (`I`, `T`, `E`).
     pub tx_status: u8,
     /// Declarations confirmed by Postgres.
@@ -393,7 +399,7 @@ impl Shared {
             return Verdict::Forward;
         };
         match front {
-            Unit::Query { parts, done } => {
+            Unit::Query { parts, done, positions } => {
                 let part = parts.get(*done).cloned();
                 let injected = part.as_ref().and_then(|p| p.injected);
                 match tag {
@@ -406,7 +412,9 @@ impl Shared {
                         self.tx_error = true;
                         // The rest of the string is not executed.
                         *done = parts.len();
-                        self.error_verdict(injected, body)
+                        let positions = positions.take();
+                        let verdict = self.error_verdict(injected, body);
+                        self.with_client_position(verdict, positions, body)
                     }
                     b'C' | b'I' => {
                         *done += 1;
@@ -428,12 +436,12 @@ impl Shared {
                 }
                 Verdict::Forward
             }
-            Unit::Parse(inj, _) | Unit::Bind(inj) | Unit::Close(inj, _) => {
+            Unit::Parse(inj, ..) | Unit::Bind(inj) | Unit::Close(inj, _) => {
                 let inj = *inj;
                 match tag {
                     b'1' | b'2' | b'3' => {
                         match self.pending.pop_front() {
-                            Some(Unit::Parse(_, Some(d))) => self.confirm(d),
+                            Some(Unit::Parse(_, Some(d), _)) => self.confirm(d),
                             Some(Unit::Close(_, Some(d))) => self.drop_upto(&d),
                             _ => {}
                         }
@@ -705,7 +713,7 @@ impl Shared {
             Some(Injected::Prepare(_) | Injected::Plumbing) => self.guard_ahead().or(injected),
             other => other,
         };
-        if let Some(Unit::Parse(Some(Injected::Prepare(s)), _)) = self.pending.front() {
+        if let Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) = self.pending.front() {
             let state = if name_taken(body) {
                 Prepared::Unknown
             } else {
@@ -713,13 +721,36 @@ impl Shared {
             };
             self.own.insert(*s, state);
         }
-        if let Some(Unit::Parse(_, Some(d))) = self.pending.pop_front() {
-            self.forget_failed(&d);
+        let mut positions = None;
+        if let Some(Unit::Parse(_, defined, p)) = self.pending.pop_front() {
+            positions = p;
+            if let Some(d) = defined {
+                self.forget_failed(&d);
+            }
         }
         self.tx_error = true;
         self.skipping = true;
         self.drop_skipped();
-        self.error_verdict(injected, body)
+        let verdict = self.error_verdict(injected, body);
+        self.with_client_position(verdict, positions, body)
+    }
+
+    /// `verdict` for an error of the client's statement, with its position given in the
+    /// client's text when pgfence sent another (`positions`).
+    fn with_client_position(
+        &self,
+        verdict: Verdict,
+        positions: Option<Box<Positions>>,
+        body: Option<&[u8]>,
+    ) -> Verdict {
+        match (verdict, positions, body) {
+            (Verdict::Forward, Some(positions), Some(body)) => {
+                let fences = self.fences.as_deref();
+                frame::error_with_position(body, |at| positions.client_position(at, fences))
+                    .map_or(Verdict::Forward, Verdict::Replace)
+            }
+            (verdict, ..) => verdict,
+        }
     }
 
     /// The first guard queued up to the next Sync.
@@ -738,12 +769,12 @@ impl Shared {
         while self.skipping {
             match self.pending.front() {
                 Some(Unit::Sync { .. }) | None => break,
-                Some(Unit::Parse(Some(Injected::Prepare(s)), _)) => {
+                Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) => {
                     self.own.insert(*s, Prepared::No);
                     self.pending.pop_front();
                 }
                 Some(_) => {
-                    if let Some(Unit::Parse(_, Some(d))) = self.pending.pop_front() {
+                    if let Some(Unit::Parse(_, Some(d), _)) = self.pending.pop_front() {
                         self.forget_failed(&d);
                     }
                 }
@@ -770,7 +801,10 @@ impl Shared {
             let message = match injected {
                 Some(Injected::Guard(fence, epoch)) => format!(
                     "pgfence: the database has no pgfence schema, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
-                    self.fence_names.get(usize::from(fence.0)).map_or("?", String::as_str)
+                    self.fences
+                        .as_ref()
+                        .and_then(|f| f.names.get(usize::from(fence.0)))
+                        .map_or("?", String::as_str)
                 ),
                 _ => "pgfence: the database has no pgfence schema; fenced writes are refused".to_owned(),
             };

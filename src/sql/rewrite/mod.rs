@@ -80,6 +80,35 @@ pub fn rewrite_lexing(
     rewrite_with_edits(stmt_sql, target, epoch, lexing).map(|(out, _)| out)
 }
 
+/// For a byte offset in the rewrite of `stmt_sql` (found by `sent_byte` in the rewritten
+/// text), the byte offset in `stmt_sql` it comes from; text the rewrite added maps to where
+/// it was added. `None` when the statement cannot be rewritten or the offset is not found.
+pub fn rewrite_source(
+    stmt_sql: &str,
+    target: &RewriteTarget,
+    epoch: Epoch,
+    lexing: Lexing,
+    sent_byte: impl FnOnce(&str) -> Option<usize>,
+) -> Option<usize> {
+    let (out, edits) = rewrite_with_edits(stmt_sql, target, epoch, lexing).ok()?;
+    let mut at = sent_byte(&out)?;
+    // As `apply` built `out`: the client's text up to each edit, then the edit's text.
+    let mut copied = 0;
+    for e in &edits {
+        let kept = e.at.start.saturating_sub(copied);
+        if at < kept {
+            return Some(copied + at);
+        }
+        at -= kept;
+        if at < e.text.len() {
+            return Some(e.at.start);
+        }
+        at -= e.text.len();
+        copied = copied.max(e.at.end);
+    }
+    Some(copied + at)
+}
+
 /// Longer statements are not rewritten: verifying one means parsing it whole with
 /// sqlparser, about 2 s per MB here, and that would stall every session on the runtime's
 /// thread. The classifier's limit for sqlparser, for the same reason.

@@ -10,6 +10,7 @@ mod locking;
 mod misread;
 mod model;
 mod own_statement;
+mod positions;
 mod short_path;
 mod statement_names;
 mod tx_ends;

@@ -1,0 +1,76 @@
+//! Error positions: pgfence sends Postgres more than the client's text (a guard before a
+//! fenced write, a rewritten statement), yet an error's position (`P`, what psql's caret
+//! and drivers show) counts in the client's own text, exactly as straight to Postgres.
+
+use tokio_postgres::Client;
+use tokio_postgres::error::ErrorPosition;
+
+use super::{Fixture, NO_LEASE};
+use crate::common::pg::Cluster;
+
+/// The SQLSTATE and position of the error `sql` gets in the simple protocol (`simple`) or
+/// when prepared.
+async fn error_at(c: &Client, sql: &str, simple: bool) -> (String, Option<u32>) {
+    let r = if simple {
+        c.batch_execute(sql).await
+    } else {
+        c.prepare(sql).await.map(drop)
+    };
+    let e = r.expect_err(sql);
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+    let position = match db.position() {
+        Some(ErrorPosition::Original(p)) => Some(*p),
+        other => panic!("{sql}: position {other:?}"),
+    };
+    (db.code().code().to_owned(), position)
+}
+
+/// Each text fails with the same SQLSTATE and position through pgfence (`proxied`, at an
+/// epoch it may write with) as straight to Postgres.
+async fn same_positions(f: &Fixture, proxied: &Client, cases: &[&str], simple: bool) {
+    let direct = f.direct().await;
+    for sql in cases {
+        let want = error_at(&direct, sql, simple).await;
+        assert!(want.1.is_some(), "{sql}: no position straight to Postgres");
+        assert_eq!(error_at(proxied, sql, simple).await, want, "{sql}");
+    }
+}
+
+/// Reject mode: the guard spliced in before a fenced write moves nothing.
+#[tokio::test]
+async fn reject_mode_errors_point_into_the_clients_text() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let s = f.leader(1).await;
+    s.batch_execute("UPDATE sweep_state SET note = 'ok' WHERE id = 1")
+        .await
+        .unwrap();
+    let cases = [
+        "UPDATE sweep_state SET note = 'é' WHERE id = 'abc'",
+        "UPDATE sweep_state SET nope = 1 WHERE id = 1",
+        "SELECT 'ü'; UPDATE sweep_state SET note = 'x' WHERE id = 'abc'",
+        "UPDATE sweep_state SET note = 'x' WHERE id = 1; SELEC 3",
+        "BEGIN; UPDATE sweep_state SET note = 'x' WHERE id = 1; INSERT INTO sweep_state (id) VALUES ('z')",
+    ];
+    same_positions(&f, &s, &cases, true).await;
+}
+
+/// Rewrite mode: positions inside the rewritten statement (its added predicate and
+/// column) and after it count in the client's statement, in both protocols.
+#[tokio::test]
+async fn rewrite_mode_errors_point_into_the_clients_text() {
+    let f = crate::rewrite::fixture(false).await;
+    let s = f.leader(1).await;
+    let cases = [
+        "UPDATE sweep_state SET note = 'x' WHERE id = 'abc'",
+        "UPDATE sweep_state SET note = 'é', nope = 1 WHERE id = 1 OR id = 2",
+        "INSERT INTO sweep_state (id, note) VALUES ('abc', 'x')",
+        "DELETE FROM sweep_state WHERE id = 'abc' RETURNING nope",
+    ];
+    same_positions(&f, &s, &cases, true).await;
+    same_positions(&f, &s, &cases, false).await;
+    let simple_only = [
+        "SELECT 'ü'; UPDATE sweep_state SET note = 'x' WHERE id = 'abc'",
+        "UPDATE sweep_state SET note = 'x' WHERE id = 1; SELEC 3",
+    ];
+    same_positions(&f, &s, &simple_only, true).await;
+}
