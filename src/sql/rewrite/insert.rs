@@ -152,7 +152,7 @@ impl Rw<'_, '_> {
             if j >= src_end {
                 return Err(shape("an INSERT without rows"));
             }
-            self.insert_query(j, src_end, d, &cols);
+            self.insert_query(j, src_end, d, &cols)?;
         }
         if let Some(on) = on {
             self.on_conflict(on, ret, d, q)?;
@@ -161,16 +161,26 @@ impl Rw<'_, '_> {
         Ok(())
     }
 
-    /// `INSERT … (cols) <query>`: a plain SELECT gets `, N` appended to its
-    /// output list; any other query (or one that gives the epoch column a
-    /// value) is wrapped, `SELECT q.c1, …, N FROM (<query>) AS q (c1, …)`.
-    fn insert_query(&mut self, s: usize, e: usize, d: u32, cols: &Cols) {
-        if cols.col.is_none()
-            && let Some(end) = self.simple_projection(s, e, d)
-        {
-            self.insert(self.t.end(end - 1), format!(", {}", self.n));
-            self.add_col(cols);
-            return;
+    /// `INSERT … (cols) <query>`: a plain SELECT gets `, N` appended to its output
+    /// list, or its output for a listed epoch column replaced (see [`Self::own_output`]);
+    /// any other query is wrapped, `SELECT q.c1, …, N FROM (<query>) AS q (c1, …)`.
+    /// Rewriting in place keeps Postgres' reading of the query: it types `$n` and
+    /// untyped literals in a SELECT by the columns they go to, and inside the wrapper
+    /// they would be text.
+    fn insert_query(&mut self, s: usize, e: usize, d: u32, cols: &Cols) -> Res {
+        if let Some((p, end)) = self.simple_projection(s, e, d) {
+            match cols.col {
+                None => {
+                    self.insert(self.t.end(end - 1), format!(", {}", self.n));
+                    self.add_col(cols);
+                    return Ok(());
+                }
+                Some(k) => {
+                    if let Some(item) = self.own_output(s..e, p..end, d, cols.len, k) {
+                        return self.value(item);
+                    }
+                }
+            }
         }
         let t = self.t;
         let mut outputs = Vec::with_capacity(cols.len + 1);
@@ -188,11 +198,37 @@ impl Rw<'_, '_> {
         self.insert(t.start(s), format!("SELECT {} FROM (", outputs.join(", ")));
         self.insert(t.end(e - 1), format!(") AS pgfence_q ({})", aliases.join(", ")));
         self.add_col(cols);
+        Ok(())
+    }
+
+    /// The output (tokens) of the simple SELECT `query` (output list `outputs`) that goes
+    /// to the `k`-th of `len` listed columns, when replacing it changes nothing but that
+    /// column's value: one token (a `$n`, a literal, a name, so no alias), one output per
+    /// column (no `*`), and no DISTINCT, GROUP BY or HAVING, which the value could change
+    /// the rows of.
+    fn own_output(
+        &self,
+        query: Range<usize>,
+        outputs: Range<usize>,
+        d: u32,
+        len: usize,
+        k: usize,
+    ) -> Option<Range<usize>> {
+        let t = self.t;
+        let grouped = t.clause(outputs.end, query.end, d, &["group", "having"]).is_some();
+        if t.is(query.start + 1, "distinct") || grouped {
+            return None;
+        }
+        let items = t.items(outputs.start, outputs.end, d);
+        if items.len() != len || items.iter().any(|i| i.is_empty() || t.src(i.end - 1) == "*") {
+            return None;
+        }
+        items.get(k).filter(|i| i.len() == 1).cloned()
     }
 
     /// For `SELECT [ALL | DISTINCT [ON (…)]] items …` with no set operation,
-    /// the index just after the output list.
-    fn simple_projection(&self, s: usize, e: usize, d: u32) -> Option<usize> {
+    /// where the output list starts and the index just after it.
+    fn simple_projection(&self, s: usize, e: usize, d: u32) -> Option<(usize, usize)> {
         let t = self.t;
         if !t.is(s, "select") || t.clause(s, e, d, &["union", "intersect", "except"]).is_some() {
             return None;
@@ -207,7 +243,7 @@ impl Rw<'_, '_> {
             }
         }
         let end = t.clause(p, e, d, AFTER_PROJECTION).unwrap_or(e);
-        (end > p).then_some(end)
+        (end > p).then_some((p, end))
     }
 
     /// `ON CONFLICT … DO UPDATE SET … [WHERE …]`: the column set and the row check.

@@ -72,6 +72,30 @@ fn rewrites_are_text_edits() {
             "INSERT INTO sweep_state (id, note, last_epoch) SELECT g, 'x', 7 FROM generate_series(1, 3) g",
         ),
         (
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, $3",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, CASE WHEN false THEN $3 ELSE 7::BIGINT END",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, 99, 'x' FROM generate_series(1, 3) g WHERE g > $1",
+            "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, 7, 'x' FROM generate_series(1, 3) g WHERE g > $1",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT DISTINCT a, b FROM x",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT DISTINCT a, b FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT a, b FROM x GROUP BY 1, 2",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b FROM x GROUP BY 1, 2) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT a, b + 1 FROM x",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b + 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT x.*, 1 FROM x",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT x.*, 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
             "INSERT INTO sweep_state (id, last_epoch) SELECT 1, 2 UNION SELECT 3, 4",
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT 1, 2 UNION SELECT 3, 4) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),

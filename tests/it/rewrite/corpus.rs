@@ -129,6 +129,14 @@ const BESPOKE: &[(&str, &str)] = &[
         "INSERT INTO items (id, note, last_epoch) SELECT id + 100, note, 7 FROM src WHERE del",
     ),
     (
+        "INSERT INTO items (id, last_epoch, note) SELECT id + 500, 1, note FROM src WHERE NOT del",
+        "INSERT INTO items (id, last_epoch, note) SELECT id + 500, 7, note FROM src WHERE NOT del",
+    ),
+    (
+        "INSERT INTO items (id, note, n, last_epoch) SELECT 600, 'lit', '5', 2",
+        "INSERT INTO items (id, note, n, last_epoch) SELECT 600, 'lit', '5', 7",
+    ),
+    (
         "INSERT INTO items (id, last_epoch) SELECT id + 200, 1 FROM src UNION ALL SELECT 300, 2",
         "INSERT INTO items (id, last_epoch) SELECT id, 7 FROM (SELECT id + 200, 1 FROM src UNION ALL SELECT 300, 2) q (id, e)",
     ),

@@ -433,3 +433,36 @@ async fn a_skipped_parse_of_a_rewrite_statement_is_not_prepared_behind_the_clien
     assert_eq!(seen[1].1, ["E 26000"]);
     assert_eq!(f.note().await.0, "init");
 }
+
+/// `INSERT … SELECT $1, $2, $3` naming the epoch column: Postgres types the parameters by
+/// the columns they go to, through pgfence as straight to it (a typed driver such as
+/// asyncpg sends them in those types), and the row gets the session's epoch.
+#[tokio::test]
+async fn insert_select_parameters_keep_the_types_of_their_columns() {
+    let f = fixture(false).await;
+    let s = f.leader(5).await;
+    let sql = "INSERT INTO items (id, note, n, last_epoch) SELECT $1, $2, $3, $4";
+    let types = |st: &tokio_postgres::Statement| st.params().to_vec();
+    let direct = types(&f.direct().await.prepare(sql).await.unwrap());
+    let st = s.prepare(sql).await.unwrap();
+    assert_eq!(types(&st), direct);
+    assert_eq!(
+        direct,
+        [
+            tokio_postgres::types::Type::INT4,
+            tokio_postgres::types::Type::TEXT,
+            tokio_postgres::types::Type::INT4,
+            tokio_postgres::types::Type::INT8
+        ]
+    );
+    assert_eq!(s.execute(&st, &[&7i32, &"x", &1i32, &99i64]).await.unwrap(), 1);
+    let row = f
+        .admin
+        .query_one("SELECT note, n, last_epoch FROM items WHERE id = 7", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, i32>(1), row.get::<_, i64>(2)),
+        ("x".into(), 1, 5)
+    );
+}
