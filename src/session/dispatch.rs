@@ -14,7 +14,7 @@ use super::context::DbFences;
 use super::declare::Declarations;
 use super::positions::Positions;
 use super::rewriting::RwStatement;
-use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit};
+use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit, own_portal};
 use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
@@ -22,9 +22,6 @@ use crate::protocol::codec;
 use crate::sql::Declaration;
 use crate::sql::FenceId;
 use crate::sql::classify::{Analysis, StmtKind};
-
-/// Name of the portal pgfence binds its own statements to.
-const OWN_PORTAL: &str = "pgfence_p";
 
 /// What a statement asks of the fence, after SQL-level PREPARE/EXECUTE are resolved.
 enum Need {
@@ -781,11 +778,11 @@ impl Dispatcher {
             shared.own.insert(own, Prepared::InFlight(self.sent));
         }
         let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
-        codec::bind_text(out, OWN_PORTAL, name, &params);
+        codec::bind_text(out, own_portal(), name, &params);
         shared.pending.push_back(Unit::Bind(Some(Injected::Plumbing)));
-        codec::execute(out, OWN_PORTAL);
+        codec::execute(out, own_portal());
         shared.pending.push_back(Unit::Execute(Some(injected), None));
-        codec::close_portal(out, OWN_PORTAL);
+        codec::close_portal(out, own_portal());
         shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
     }
 

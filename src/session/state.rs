@@ -18,7 +18,7 @@
 //!   CopyDone or CopyFail: such a Sync gets no reply, so it is no unit.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::BytesMut;
 
@@ -71,16 +71,41 @@ impl OwnStatement {
         Self::ALL.into_iter().find(|s| s.name() == name)
     }
 
-    /// The statement name used upstream.
+    /// The statement name used upstream, e.g. `pgfence_guard_v1_1f2e3d4c`.
     pub fn name(self) -> &'static str {
-        match self {
-            OwnStatement::Guard => "pgfence_guard_v1",
-            OwnStatement::Reject => "pgfence_reject_v1",
-            OwnStatement::Probe => "pgfence_probe_v1",
-            OwnStatement::RejectIfPrepared => "pgfence_reject_if_prepared_v1",
-        }
+        let i = match self {
+            OwnStatement::Guard => 0,
+            OwnStatement::Reject => 1,
+            OwnStatement::Probe => 2,
+            OwnStatement::RejectIfPrepared => 3,
+        };
+        &OWN_NAMES[i]
     }
 }
+
+/// The name of pgfence's own portal (extended protocol), e.g. `pgfence_p_1f2e3d4c`.
+pub fn own_portal() -> &'static str {
+    &OWN_NAMES[4]
+}
+
+/// pgfence's statement and portal names share their namespaces with the client's on the
+/// same upstream session. A tag drawn once per process keeps a client's own names (a
+/// statement or cursor that happens to be called `pgfence_p`) from colliding with them
+/// by chance; a client that looks them up (`pg_prepared_statements`) and takes one on
+/// purpose is handled as before (see [`Prepared::Unknown`]).
+static OWN_NAMES: LazyLock<[String; 5]> = LazyLock::new(|| {
+    use std::hash::{BuildHasher, Hasher};
+    // Randomly keyed per process by the standard library; no other randomness needed.
+    let tag = std::collections::hash_map::RandomState::new().build_hasher().finish() as u32;
+    [
+        "pgfence_guard_v1",
+        "pgfence_reject_v1",
+        "pgfence_probe_v1",
+        "pgfence_reject_if_prepared_v1",
+        "pgfence_p",
+    ]
+    .map(|name| format!("{name}_{tag:08x}"))
+});
 
 /// Whether one of pgfence's statements is prepared on the upstream session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -119,10 +119,11 @@ async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
     two.execute("UPDATE sweep_state SET note = 'two' WHERE id = 1", &[])
         .await
         .unwrap();
-    two.batch_execute(
+    let guard = pgfence::session::state::OwnStatement::Guard.name();
+    two.batch_execute(&format!(
         "CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; \
-         DEALLOCATE pgfence_guard_v1; PREPARE pgfence_guard_v1(text, bigint, text, boolean) AS SELECT 1",
-    )
+         DEALLOCATE {guard}; PREPARE {guard}(text, bigint, text, boolean) AS SELECT 1"
+    ))
     .await
     .unwrap();
     f.takeover("c").await;

@@ -1,8 +1,9 @@
 //! The extended protocol's guard is a statement pgfence prepares once per session
-//! (`pgfence_guard_v1`). What a client does to prepared statements never costs a write its
-//! guard and never leaves the session failing: `DEALLOCATE` (by name or ALL) answered or
-//! still in flight, a protocol Close of that name, a client statement that took the name.
-//! Each test ends with its control: straight to Postgres the stale write lands.
+//! (`pgfence_guard_v1_<tag>`, the tag drawn once per process). What a client does to
+//! prepared statements never costs a write its guard and never leaves the session failing:
+//! `DEALLOCATE` (by name or ALL) answered or still in flight, a protocol Close of that name,
+//! a client statement that took the name. Each test ends with its control: straight to
+//! Postgres the stale write lands.
 
 use super::{Fixture, NO_LEASE, code};
 use crate::common::pg::Cluster;
@@ -10,12 +11,17 @@ use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, quer
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
 
+/// The guard statement's name (the proxy runs in this process).
+fn guard() -> &'static str {
+    pgfence::session::state::OwnStatement::Guard.name()
+}
+
 /// Whether the session has pgfence's guard statement, prepared with a Parse.
 async fn has_guard(client: &tokio_postgres::Client) -> bool {
     client
         .query_opt(
-            "SELECT 1 FROM pg_prepared_statements WHERE name = 'pgfence_guard_v1' AND NOT from_sql",
-            &[],
+            "SELECT 1 FROM pg_prepared_statements WHERE name = $1 AND NOT from_sql",
+            &[&guard()],
         )
         .await
         .unwrap()
@@ -37,12 +43,12 @@ async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
     assert!(has_guard(&five).await);
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
     for drop in [
-        "DEALLOCATE pgfence_guard_v1",
-        "deallocate prepare PGFENCE_GUARD_V1",
-        "DEALLOCATE ALL",
-        "DISCARD ALL",
+        format!("DEALLOCATE {}", guard()),
+        format!("deallocate prepare {}", guard().to_uppercase()),
+        "DEALLOCATE ALL".into(),
+        "DISCARD ALL".into(),
     ] {
-        five.batch_execute(drop).await.unwrap();
+        five.batch_execute(&drop).await.unwrap();
         assert!(!has_guard(&five).await, "{drop}");
         // Prepared again for the write, which it refuses (not 26000 for a missing statement).
         assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001", "{drop}");
@@ -50,7 +56,9 @@ async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
     }
     // A DEALLOCATE of it that fails leaves it in place, and pgfence knows.
     five.batch_execute("BEGIN; SELECT 1/0").await.unwrap_err();
-    five.batch_execute("DEALLOCATE pgfence_guard_v1").await.unwrap_err();
+    five.batch_execute(&format!("DEALLOCATE {}", guard()))
+        .await
+        .unwrap_err();
     five.batch_execute("ROLLBACK").await.unwrap();
     assert!(has_guard(&five).await);
     assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001");
@@ -68,7 +76,8 @@ async fn a_deallocate_still_in_flight_does_not_cost_the_next_write_its_guard() {
         if stale {
             f.leader(6).await.execute(WRITE, &[]).await.unwrap();
         }
-        for drop in ["DEALLOCATE ALL", "DEALLOCATE pgfence_guard_v1", "DISCARD ALL"] {
+        let by_name = format!("DEALLOCATE {}", guard());
+        for drop in ["DEALLOCATE ALL", &by_name, "DISCARD ALL"] {
             // The guard is prepared, and pgfence has seen it answered.
             raw_write(&mut five).await;
             // The DEALLOCATE and the write in one send, nothing read in between.
@@ -90,12 +99,12 @@ async fn a_client_close_of_the_guard_statement_is_survived() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
     let mut five = f.raw(f.proxy.port(), "5", &[]).await;
     assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
-    five.send(&[close_statement("pgfence_guard_v1"), sync()].concat()).await;
+    five.send(&[close_statement(guard()), sync()].concat()).await;
     let closed = five.read_until(|m| m.tag == b'Z').await;
     assert_eq!(codes(&closed), Vec::<String>::new());
     assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
-    five.send(&[close_statement("pgfence_guard_v1"), sync()].concat()).await;
+    five.send(&[close_statement(guard()), sync()].concat()).await;
     five.read_until(|m| m.tag == b'Z').await;
     assert_eq!(raw_write(&mut five).await, ["PF001"]);
     // Control.
@@ -109,13 +118,40 @@ async fn a_client_close_of_the_guard_statement_is_survived() {
 async fn a_client_statement_named_like_the_guard_costs_one_write() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
     let five = f.leader(5).await;
-    five.batch_execute("PREPARE pgfence_guard_v1 AS SELECT 1")
+    five.batch_execute(&format!("PREPARE {} AS SELECT 1", guard()))
         .await
         .unwrap();
     assert_eq!(code(&five.execute(WRITE, &[]).await), "42P05");
     assert_eq!(f.note().await.0, "init");
     five.execute(WRITE, &[]).await.unwrap();
     assert!(has_guard(&five).await);
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001");
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// pgfence's names carry a per-process tag: a client's own statement named like the guard
+/// without it, or a cursor named like pgfence's portal, is left alone and works as it would
+/// straight to Postgres, while the writes around it are guarded.
+#[tokio::test]
+async fn a_client_name_without_the_tag_does_not_collide() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    assert!(guard().starts_with("pgfence_guard_v1_") && guard().len() > "pgfence_guard_v1_".len());
+    let five = f.leader(5).await;
+    five.batch_execute("PREPARE pgfence_guard_v1 AS SELECT 41 + 1")
+        .await
+        .unwrap();
+    five.execute(WRITE, &[]).await.unwrap();
+    let answer: i32 = five.query_one("EXECUTE pgfence_guard_v1", &[]).await.unwrap().get(0);
+    assert_eq!(answer, 42);
+    five.batch_execute("BEGIN; DECLARE pgfence_p CURSOR FOR SELECT 7")
+        .await
+        .unwrap();
+    five.execute(WRITE, &[]).await.unwrap();
+    let seven: i32 = five.query_one("FETCH pgfence_p", &[]).await.unwrap().get(0);
+    assert_eq!(seven, 7);
+    five.batch_execute("COMMIT").await.unwrap();
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
     assert_eq!(code(&five.execute(WRITE, &[]).await), "PF001");
     // Control.
