@@ -264,16 +264,12 @@ impl Dispatcher {
         let text = match self.plan(&rw.fences, &sql[rw.span.clone()], exact) {
             Plan::Rewrite { fence, epoch, text } => {
                 rw.last.epoch = Some(epoch);
-                let mut positions = Positions::default();
-                positions.copied(&rw.full[..rw.span.start]);
                 let redo = Redo {
                     fence,
                     epoch,
                     standard_conforming_strings: self.scs,
                 };
-                positions.rewritten(&text, &rw.full[rw.span.clone()], redo);
-                positions.copied(&rw.full[rw.span.end..]);
-                Some((splice(&rw, &text), positions))
+                Some(splice(&rw, &text, redo))
             }
             _ => None,
         };
@@ -346,11 +342,16 @@ impl Dispatcher {
         // names; a re-prepare there would lose the statement (its Close works, its
         // Parse fails), so it waits for a later Bind.
         let aborted = shared.tx_status == b'E' && shared.pending.is_empty();
-        if let Plan::Rewrite { epoch, text, .. } = plan
+        if let Plan::Rewrite { fence, epoch, text } = plan
             && bound != Some(epoch)
             && !aborted
         {
-            let sql = splice(rw, &text);
+            let redo = Redo {
+                fence,
+                epoch,
+                standard_conforming_strings: self.scs,
+            };
+            let (sql, positions) = splice(rw, &text, redo);
             let (params, analysis) = (rw.params.clone(), rw.analysis.clone());
             crate::protocol::codec::close_statement(out, statement);
             shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
@@ -358,9 +359,11 @@ impl Dispatcher {
             // A definition of the name like the client's: confirming it drops the older ones.
             let defined = shared.define(statement, self.batch, analysis);
             let id = defined.id;
-            shared
-                .pending
-                .push_back(Unit::Parse(Some(Injected::Plumbing), Some(defined), None));
+            shared.pending.push_back(Unit::Parse(
+                Some(Injected::Plumbing),
+                Some(defined),
+                Some(Box::new(positions)),
+            ));
             if let Some(rw) = self.rw_statements.get_mut(statement) {
                 rw.last = LastParse {
                     id,
@@ -405,13 +408,23 @@ impl Dispatcher {
     }
 }
 
-/// The client's Parse text with the statement replaced by `text`.
-fn splice(rw: &RwStatement, text: &str) -> String {
+/// The client's Parse text with the statement replaced by its rewrite `text` (made as
+/// `redo` says), and how positions in it map back.
+fn splice(rw: &RwStatement, text: &str, redo: Redo) -> (String, Positions) {
+    let (before, original, after) = (
+        &rw.full[..rw.span.start],
+        &rw.full[rw.span.clone()],
+        &rw.full[rw.span.end..],
+    );
     let mut out = String::with_capacity(rw.full.len() + text.len());
-    out.push_str(&rw.full[..rw.span.start]);
+    out.push_str(before);
     out.push_str(text);
-    out.push_str(&rw.full[rw.span.end..]);
-    out
+    out.push_str(after);
+    let mut positions = Positions::default();
+    positions.copied(before);
+    positions.rewritten(text, original, redo);
+    positions.copied(after);
+    (out, positions)
 }
 
 /// Appends a Parse with the client's raw parameter-type section.

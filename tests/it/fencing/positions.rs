@@ -74,3 +74,27 @@ async fn rewrite_mode_errors_point_into_the_clients_text() {
     ];
     same_positions(&f, &s, &simple_only, true).await;
 }
+
+/// Rewrite mode re-prepares a statement for a new epoch; when that fails (here: a column
+/// it names was dropped since), the error's position counts in the client's text too, as
+/// straight to Postgres when the plan is checked again.
+#[tokio::test]
+async fn a_failed_re_prepare_points_into_the_clients_text() {
+    let f = crate::rewrite::fixture(false).await;
+    let sql = "UPDATE items SET note = $1 WHERE n = 1";
+    let s = f.leader(1).await;
+    let proxied = s.prepare(sql).await.unwrap();
+    let direct = f.direct().await;
+    let prepared = direct.prepare(sql).await.unwrap();
+    f.admin.batch_execute("ALTER TABLE items DROP COLUMN n").await.unwrap();
+    s.batch_execute("SET pgfence.epoch = 2").await.unwrap();
+    let at = |r: Result<u64, tokio_postgres::Error>| {
+        let e = r.expect_err("column n is gone");
+        let db = e.as_db_error().cloned().unwrap_or_else(|| panic!("{e}"));
+        (db.code().code().to_owned(), db.position().cloned())
+    };
+    let want = at(direct.execute(&prepared, &[&"x"]).await);
+    assert_eq!(want.0, "42703");
+    assert!(want.1.is_some());
+    assert_eq!(at(s.execute(&proxied, &[&"x"]).await), want);
+}
