@@ -178,13 +178,13 @@ impl Dispatcher {
                 Need::Write(f) if self.any_rewrite(&f) => {
                     let original = &sql[stmt.span.clone()];
                     let rw = self.simple_rewrite(shared, &f, original, exact, single);
-                    if rw.rejected {
-                        // The rejection's own RowDescription is not the client's.
-                        part.injected = Some(Injected::Reject);
+                    if rw.before.is_some() || rw.rewrite.is_some() {
+                        text.push_str(before);
+                        positions.copied(before);
+                        copied = stmt.span.start;
+                        changed = true;
                     }
-                    text.push_str(before);
-                    positions.copied(before);
-                    if let Some((injected, call)) = rw.guard {
+                    if let Some((injected, call)) = rw.before {
                         text.push_str(&call);
                         text.push(';');
                         positions.replaced(&call, "");
@@ -194,14 +194,11 @@ impl Dispatcher {
                             effect: None,
                         });
                     }
-                    text.push_str(&rw.sent);
-                    match rw.redo {
-                        Some(redo) => positions.rewritten(&rw.sent, original, redo),
-                        None if rw.rejected => positions.replaced(&rw.sent, original),
-                        None => positions.copied(original),
+                    if let Some((sent, redo)) = rw.rewrite {
+                        text.push_str(&sent);
+                        positions.rewritten(&sent, original, redo);
+                        copied = stmt.span.end;
                     }
-                    copied = stmt.span.end;
-                    changed = true;
                 }
                 need => {
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {

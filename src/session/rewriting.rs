@@ -56,14 +56,13 @@ pub(super) enum Plan {
 
 /// What a simple Query sends for one statement that writes a rewrite-mode table.
 pub(super) struct SimpleRewrite {
-    /// The rewritten statement, a rejection in its place, or the statement as it is.
-    pub sent: String,
-    /// The guard to run before it, and what it is.
-    pub guard: Option<(Injected, String)>,
-    /// `sent` is a rejection: its replies are pgfence's.
-    pub rejected: bool,
-    /// `sent` is a rewrite, made so.
-    pub redo: Option<Redo>,
+    /// What runs before the statement: the guard, or a rejection. After a rejection the
+    /// client's statement stays as it is: Postgres never runs it, and a text that does not
+    /// parse still fails whole, before any of its statements runs, as without pgfence.
+    pub before: Option<(Injected, String)>,
+    /// The rewrite sent in place of the statement, and how it was made; `None`: the
+    /// statement is sent as it is.
+    pub rewrite: Option<(String, Redo)>,
 }
 
 /// A client's prepared statement that writes a rewrite-mode table.
@@ -200,27 +199,24 @@ impl Dispatcher {
                     (Injected::Guard(fence, epoch), call)
                 });
                 SimpleRewrite {
-                    sent: text.to_string(),
-                    guard,
-                    rejected: false,
-                    redo: Some(Redo {
-                        fence,
-                        epoch,
-                        standard_conforming_strings: self.scs,
-                    }),
+                    before: guard,
+                    rewrite: Some((
+                        text.to_string(),
+                        Redo {
+                            fence,
+                            epoch,
+                            standard_conforming_strings: self.scs,
+                        },
+                    )),
                 }
             }
             Plan::Reject(r) => SimpleRewrite {
-                sent: guard_sql::reject_call(r.code, &r.message, &r.hint),
-                guard: None,
-                rejected: true,
-                redo: None,
+                before: Some((Injected::Reject, guard_sql::reject_call(r.code, &r.message, &r.hint))),
+                rewrite: None,
             },
             Plan::NotRewrite => SimpleRewrite {
-                sent: stmt_sql.to_owned(),
-                guard: None,
-                rejected: false,
-                redo: None,
+                before: None,
+                rewrite: None,
             },
         }
     }

@@ -98,3 +98,23 @@ async fn a_failed_re_prepare_points_into_the_clients_text() {
     assert!(want.1.is_some());
     assert_eq!(at(s.execute(&proxied, &[&"x"]).await), want);
 }
+
+/// Rewrite mode refuses a write it cannot read (PF004) by a rejection put before it, the
+/// statement staying as written: a text with a statement that does not parse still fails
+/// whole, with Postgres' own error and position, before any of its statements runs.
+#[tokio::test]
+async fn an_unparsable_write_fails_the_whole_text_before_anything_runs() {
+    let f = crate::rewrite::fixture(false).await;
+    let s = f.leader(5).await;
+    let sql = "INSERT INTO audit (note) VALUES ('before'); COMMIT; UPDATE sweep_state SET note = 'x' WHERE id =";
+    let want = error_at(&f.direct().await, sql, true).await;
+    assert_eq!(want.0, "42601");
+    assert_eq!(error_at(&s, sql, true).await, want);
+    assert_eq!(f.audit_rows().await, 0);
+    // A write it cannot rewrite that does parse is refused where it stands.
+    let truncate = "INSERT INTO audit (note) VALUES ('kept'); TRUNCATE sweep_state";
+    let e = s.batch_execute(truncate).await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("PF004"));
+    assert_eq!(f.audit_rows().await, 0, "one implicit transaction");
+    assert_eq!(f.note().await.0, "init");
+}
