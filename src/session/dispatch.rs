@@ -12,7 +12,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
-use super::positions::Positions;
+use super::positions::{Positions, SentText};
 use super::rewriting::RwStatement;
 use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit, own_portal};
 use crate::fence::call as guard_sql;
@@ -161,9 +161,8 @@ impl Dispatcher {
             return None;
         }
         let mut parts = Vec::with_capacity(analysis.statements.len() + 1);
-        let mut text = String::with_capacity(sql.len() + 96);
-        // How `text` is made of the client's, for the positions of Postgres' errors.
-        let mut positions = Positions::default();
+        // The text sent, and how it is made of the client's (for Postgres' error positions).
+        let mut out = SentText::with_capacity(sql.len() + 96);
         let mut copied = 0;
         let mut changed = false;
         let single = analysis.statements.len() == 1;
@@ -179,35 +178,28 @@ impl Dispatcher {
                     let original = &sql[stmt.span.clone()];
                     let rw = self.simple_rewrite(shared, &f, original, exact, single);
                     if rw.before.is_some() || rw.rewrite.is_some() {
-                        text.push_str(before);
-                        positions.copied(before);
+                        out.copy(before);
                         copied = stmt.span.start;
                         changed = true;
                     }
                     if let Some((injected, call)) = rw.before {
-                        text.push_str(&call);
-                        text.push(';');
-                        positions.replaced(&call, "");
-                        positions.replaced(";", "");
+                        out.add(&call);
+                        out.add(";");
                         parts.push(Part {
                             injected: Some(injected),
                             effect: None,
                         });
                     }
                     if let Some((sent, redo)) = rw.rewrite {
-                        text.push_str(&sent);
-                        positions.rewritten(&sent, original, redo);
+                        out.rewrite(&sent, original, redo);
                         copied = stmt.span.end;
                     }
                 }
                 need => {
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {
-                        text.push_str(before);
-                        text.push_str(&call);
-                        text.push(';');
-                        positions.copied(before);
-                        positions.replaced(&call, "");
-                        positions.replaced(";", "");
+                        out.copy(before);
+                        out.add(&call);
+                        out.add(";");
                         copied = stmt.span.start;
                         changed = true;
                         parts.push(Part {
@@ -226,12 +218,8 @@ impl Dispatcher {
                     }
                     Err(rejection) => {
                         // Replace the SET: Postgres raises PF003 in its place, the value stays.
-                        let before = &sql[copied..stmt.span.start];
-                        let block = raise_block(&rejection);
-                        text.push_str(before);
-                        text.push_str(&block);
-                        positions.copied(before);
-                        positions.replaced(&block, &sql[stmt.span.clone()]);
+                        out.copy(&sql[copied..stmt.span.start]);
+                        out.replace(&raise_block(&rejection), &sql[stmt.span.clone()]);
                         copied = stmt.span.end;
                         changed = true;
                     }
@@ -259,14 +247,13 @@ impl Dispatcher {
             });
             return None;
         }
-        text.push_str(&sql[copied..]);
-        positions.copied(&sql[copied..]);
+        out.copy(&sql[copied..]);
         shared.pending.push_back(Unit::Query {
             parts,
             done: 0,
-            positions: Some(Box::new(positions)),
+            positions: Some(Box::new(out.positions)),
         });
-        Some(text)
+        Some(out.text)
     }
 
     /// What a statement does to the session's statement names, savepoints and transaction:

@@ -26,19 +26,17 @@ enum Piece {
     /// `sent` characters written by pgfence in place of `orig` characters of the client's
     /// text (none for an insertion): a position inside them stands for where they are.
     Replaced { sent: usize, orig: usize },
-    /// A statement rewritten for `epoch` by `fence` (rewrite mode), `sent` characters in
-    /// place of the client's `original`.
+    /// A statement rewritten as `redo` says (rewrite mode), `sent` characters in place
+    /// of the client's `original`.
     Rewritten {
         sent: usize,
         original: Box<str>,
-        fence: FenceId,
-        epoch: Epoch,
-        standard_conforming_strings: bool,
+        redo: Redo,
     },
 }
 
 /// What a rewritten statement needs to be rewritten again, the same way.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Redo {
     /// The rewrite-mode fence.
     pub fence: FenceId,
@@ -74,9 +72,7 @@ impl Positions {
         self.pieces.push(Piece::Rewritten {
             sent: sent.chars().count(),
             original: original.into(),
-            fence: redo.fence,
-            epoch: redo.epoch,
-            standard_conforming_strings: redo.standard_conforming_strings,
+            redo,
         });
     }
 
@@ -104,20 +100,9 @@ impl Positions {
                     at -= sent;
                     orig += o;
                 }
-                Piece::Rewritten {
-                    sent,
-                    original,
-                    fence,
-                    epoch,
-                    standard_conforming_strings,
-                } => {
+                Piece::Rewritten { sent, original, redo } => {
                     if at < *sent {
-                        let redo = Redo {
-                            fence: *fence,
-                            epoch: *epoch,
-                            standard_conforming_strings: *standard_conforming_strings,
-                        };
-                        let inside = fences.and_then(|f| f.rewrite_source_chars(original, redo, at));
+                        let inside = fences.and_then(|f| f.rewrite_source_chars(original, *redo, at));
                         return orig + inside.unwrap_or(0) + 1;
                     }
                     at -= sent;
@@ -126,6 +111,48 @@ impl Positions {
             }
         }
         orig + at + 1
+    }
+}
+
+/// A text being made from the client's, with how it was made.
+#[derive(Debug, Default)]
+pub struct SentText {
+    /// The text so far.
+    pub text: String,
+    /// How it was made.
+    pub positions: Positions,
+}
+
+impl SentText {
+    /// An empty text with room for `capacity` bytes.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            text: String::with_capacity(capacity),
+            positions: Positions::default(),
+        }
+    }
+
+    /// Appends the client's `text` as it is.
+    pub fn copy(&mut self, text: &str) {
+        self.text.push_str(text);
+        self.positions.copied(text);
+    }
+
+    /// Appends pgfence's `text`, standing for nothing of the client's.
+    pub fn add(&mut self, text: &str) {
+        self.replace(text, "");
+    }
+
+    /// Appends pgfence's `text` in place of the client's `original`.
+    pub fn replace(&mut self, text: &str, original: &str) {
+        self.text.push_str(text);
+        self.positions.replaced(text, original);
+    }
+
+    /// Appends the rewrite `text` of the client's statement `original`, made as `redo` says.
+    pub fn rewrite(&mut self, text: &str, original: &str, redo: Redo) {
+        self.text.push_str(text);
+        self.positions.rewritten(text, original, redo);
     }
 }
 

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use bytes::{BufMut, BytesMut};
 
 use super::dispatch::Dispatcher;
-use super::positions::{Positions, Redo};
+use super::positions::{Positions, Redo, SentText};
 use super::state::{Injected, Shared, Unit};
 use crate::error::sqlstate;
 use crate::fence::call as guard_sql;
@@ -412,15 +412,11 @@ fn splice(rw: &RwStatement, text: &str, redo: Redo) -> (String, Positions) {
         &rw.full[rw.span.clone()],
         &rw.full[rw.span.end..],
     );
-    let mut out = String::with_capacity(rw.full.len() + text.len());
-    out.push_str(before);
-    out.push_str(text);
-    out.push_str(after);
-    let mut positions = Positions::default();
-    positions.copied(before);
-    positions.rewritten(text, original, redo);
-    positions.copied(after);
-    (out, positions)
+    let mut out = SentText::with_capacity(rw.full.len() + text.len());
+    out.copy(before);
+    out.rewrite(text, original, redo);
+    out.copy(after);
+    (out.text, out.positions)
 }
 
 /// Appends a Parse with the client's raw parameter-type section.
