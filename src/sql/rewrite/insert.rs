@@ -204,8 +204,8 @@ impl Rw<'_, '_> {
     /// The output (tokens) of the simple SELECT `query` (output list `outputs`) that goes
     /// to the `k`-th of `len` listed columns, when replacing it changes nothing but that
     /// column's value: one token (a `$n`, a literal, a name, so no alias), one output per
-    /// column (no `*`), and no DISTINCT, GROUP BY or HAVING, which the value could change
-    /// the rows of.
+    /// column (no `*`), and no DISTINCT, GROUP BY, HAVING or ORDER BY, which the value could
+    /// change the rows (or their order) of.
     fn own_output(
         &self,
         query: Range<usize>,
@@ -215,7 +215,11 @@ impl Rw<'_, '_> {
         k: usize,
     ) -> Option<Range<usize>> {
         let t = self.t;
-        let grouped = t.clause(outputs.end, query.end, d, &["group", "having"]).is_some();
+        // ORDER BY may name the output by position: a constant there changes the order, and
+        // with LIMIT the rows.
+        let grouped = t
+            .clause(outputs.end, query.end, d, &["group", "having", "order"])
+            .is_some();
         if t.is(query.start + 1, "distinct") || grouped {
             return None;
         }

@@ -88,6 +88,10 @@ fn rewrites_are_text_edits() {
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b FROM x GROUP BY 1, 2) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT id, e FROM src ORDER BY 2 DESC LIMIT 1",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT id, e FROM src ORDER BY 2 DESC LIMIT 1) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
             "INSERT INTO sweep_state (id, last_epoch) SELECT a, b + 1 FROM x",
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b + 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),

@@ -133,6 +133,10 @@ const BESPOKE: &[(&str, &str)] = &[
         "INSERT INTO items (id, last_epoch, note) SELECT id + 500, 7, note FROM src WHERE NOT del",
     ),
     (
+        "INSERT INTO items (id, last_epoch) SELECT id + 700, n FROM items ORDER BY 2 DESC LIMIT 2",
+        "INSERT INTO items (id, last_epoch) SELECT id, 7 FROM (SELECT id + 700, n FROM items ORDER BY 2 DESC LIMIT 2) q (id, e)",
+    ),
+    (
         "INSERT INTO items (id, note, n, last_epoch) SELECT 600, 'lit', '5', 2",
         "INSERT INTO items (id, note, n, last_epoch) SELECT 600, 'lit', '5', 7",
     ),
