@@ -12,7 +12,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
-use super::positions::{Positions, SentText};
+use super::positions::SentText;
 use super::rewriting::RwStatement;
 use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit, own_portal};
 use crate::fence::call as guard_sql;
@@ -251,7 +251,7 @@ impl Dispatcher {
         shared.pending.push_back(Unit::Query {
             parts,
             done: 0,
-            positions: Some(Box::new(out.positions)),
+            positions: Some(Arc::new(out.positions)),
         });
         Some(out.text)
     }
@@ -546,7 +546,7 @@ impl Dispatcher {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d, shared.defined) {
                     // pgfence's own error, without a position.
-                    replacement = Some((raise_block(&rejection), Positions::default()));
+                    replacement = Some((raise_block(&rejection), Arc::default()));
                 }
             }
         }
@@ -555,9 +555,7 @@ impl Dispatcher {
             rw.last.id = defined.id;
         }
         let (text, positions) = replacement.unzip();
-        shared
-            .pending
-            .push_back(Unit::Parse(None, Some(defined), positions.map(Box::new)));
+        shared.pending.push_back(Unit::Parse(None, Some(defined), positions));
         text
     }
 
@@ -576,7 +574,13 @@ impl Dispatcher {
             analysis = self.either(shared, &old, analysis);
         }
         shared.portals.insert(portal.to_owned(), (analysis, self.sent, exact));
-        shared.pending.push_back(Unit::Bind(None));
+        // A rewrite Postgres plans again at this Bind (a table it names changed) reports
+        // its errors in the rewritten text.
+        let positions = self
+            .rw_statements
+            .get(statement)
+            .and_then(|rw| rw.last.positions.clone());
+        shared.pending.push_back(Unit::Bind(None, positions));
     }
 
     /// Execute: appends the guard (or rejection) messages that must run
@@ -763,7 +767,7 @@ impl Dispatcher {
         }
         let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
         codec::bind_text(out, own_portal(), name, &params);
-        shared.pending.push_back(Unit::Bind(Some(Injected::Plumbing)));
+        shared.pending.push_back(Unit::Bind(Some(Injected::Plumbing), None));
         codec::execute(out, own_portal());
         shared.pending.push_back(Unit::Execute(Some(injected), None));
         codec::close_portal(out, own_portal());

@@ -98,6 +98,9 @@ pub(super) struct LastParse {
     pub(super) epoch: Option<Epoch>,
     /// Whether it is the client's own Parse (else a re-prepare).
     pub(super) by_client: bool,
+    /// How its text was made from the client's (`None`: the client's text as written), for
+    /// the positions of errors Postgres raises when it plans the statement again at Bind.
+    pub(super) positions: Option<Arc<Positions>>,
 }
 
 /// What the statement behind a rewrite statement's name will be when a Bind sent
@@ -231,7 +234,7 @@ impl Dispatcher {
         analysis: &Arc<Analysis>,
         params: &[u8],
         exact: bool,
-    ) -> Option<(String, Positions)> {
+    ) -> Option<(String, Arc<Positions>)> {
         self.rw_statements.remove(name);
         let [stmt] = analysis.statements.as_slice() else {
             return None;
@@ -255,6 +258,7 @@ impl Dispatcher {
                 answered_at: self.sent + 1,
                 epoch: None,
                 by_client: true,
+                positions: None,
             },
         };
         let text = match self.plan(&rw.fences, &sql[rw.span.clone()], exact) {
@@ -265,7 +269,10 @@ impl Dispatcher {
                     epoch,
                     standard_conforming_strings: self.scs,
                 };
-                Some(splice(&rw, &text, redo))
+                let (text, positions) = splice(&rw, &text, redo);
+                let positions = Arc::new(positions);
+                rw.last.positions = Some(positions.clone());
+                Some((text, positions))
             }
             _ => None,
         };
@@ -348,6 +355,7 @@ impl Dispatcher {
                 standard_conforming_strings: self.scs,
             };
             let (sql, positions) = splice(rw, &text, redo);
+            let positions = Arc::new(positions);
             let (params, analysis) = (rw.params.clone(), rw.analysis.clone());
             crate::protocol::codec::close_statement(out, statement);
             shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
@@ -356,9 +364,9 @@ impl Dispatcher {
             let defined = shared.define(statement, self.batch, analysis);
             let id = defined.id;
             shared.pending.push_back(Unit::Parse(
-                Some(Injected::Plumbing),
+                Some(Injected::Reprepare),
                 Some(defined),
-                Some(Box::new(positions)),
+                Some(positions.clone()),
             ));
             if let Some(rw) = self.rw_statements.get_mut(statement) {
                 rw.last = LastParse {
@@ -367,6 +375,7 @@ impl Dispatcher {
                     answered_at: self.sent + 1,
                     epoch: Some(epoch),
                     by_client: false,
+                    positions: Some(positions),
                 };
             }
             bound = Some(epoch);

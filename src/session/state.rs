@@ -40,8 +40,11 @@ pub enum Injected {
     Reject,
     /// Preparing one of pgfence's own statements.
     Prepare(OwnStatement),
-    /// Bind or Close of pgfence's own portal.
+    /// Bind or Close of pgfence's own portal, or a Close before a re-prepare.
     Plumbing,
+    /// Preparing a client's rewrite-mode statement again for a new epoch: its errors are
+    /// about the client's own statement and reach the client as they are.
+    Reprepare,
 }
 
 /// pgfence's own prepared statements (extended protocol).
@@ -206,15 +209,15 @@ pub enum Unit {
         /// Statements completed so far.
         done: usize,
         /// How the text sent was made from the client's, when it is not the client's.
-        positions: Option<Box<Positions>>,
+        positions: Option<Arc<Positions>>,
     },
     /// FunctionCall.
     FunctionCall,
     /// Parse; the client's carry the definition it makes, and how the text sent was made
     /// from theirs when it is not theirs.
-    Parse(Option<Injected>, Option<Defined>, Option<Box<Positions>>),
-    /// Bind.
-    Bind(Option<Injected>),
+    Parse(Option<Injected>, Option<Defined>, Option<Arc<Positions>>),
+    /// Bind; of a client's rewritten statement, how its text was made.
+    Bind(Option<Injected>, Option<Arc<Positions>>),
     /// Describe.
     Describe,
     /// Execute.
@@ -368,7 +371,7 @@ impl Shared {
             && self.pending.iter().all(|u| {
                 matches!(
                     u,
-                    Unit::Parse(..) | Unit::Bind(_) | Unit::Describe | Unit::Close(..) | Unit::ClosePortal(_)
+                    Unit::Parse(..) | Unit::Bind(..) | Unit::Describe | Unit::Close(..) | Unit::ClosePortal(_)
                 )
             })
     }
@@ -461,7 +464,7 @@ impl Shared {
                 }
                 Verdict::Forward
             }
-            Unit::Parse(inj, ..) | Unit::Bind(inj) | Unit::Close(inj, _) => {
+            Unit::Parse(inj, ..) | Unit::Bind(inj, _) | Unit::Close(inj, _) => {
                 let inj = *inj;
                 match tag {
                     b'1' | b'2' | b'3' => {
@@ -736,6 +739,7 @@ impl Shared {
         // The guard this unit prepares or binds for (its Execute is still queued).
         let injected = match injected {
             Some(Injected::Prepare(_) | Injected::Plumbing) => self.guard_ahead().or(injected),
+            Some(Injected::Reprepare) => None,
             other => other,
         };
         if let Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) = self.pending.front() {
@@ -746,13 +750,16 @@ impl Shared {
             };
             self.own.insert(*s, state);
         }
-        let mut positions = None;
-        if let Some(Unit::Parse(_, defined, p)) = self.pending.pop_front() {
-            positions = p;
-            if let Some(d) = defined {
-                self.forget_failed(&d);
+        let positions = match self.pending.pop_front() {
+            Some(Unit::Parse(_, defined, positions)) => {
+                if let Some(d) = defined {
+                    self.forget_failed(&d);
+                }
+                positions
             }
-        }
+            Some(Unit::Bind(_, positions)) => positions,
+            _ => None,
+        };
         self.tx_error = true;
         self.skipping = true;
         self.drop_skipped();
@@ -765,7 +772,7 @@ impl Shared {
     fn with_client_position(
         &self,
         verdict: Verdict,
-        positions: Option<Box<Positions>>,
+        positions: Option<Arc<Positions>>,
         body: Option<&[u8]>,
     ) -> Verdict {
         match (verdict, positions, body) {

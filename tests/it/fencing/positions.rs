@@ -75,28 +75,54 @@ async fn rewrite_mode_errors_point_into_the_clients_text() {
     same_positions(&f, &s, &simple_only, true).await;
 }
 
-/// Rewrite mode re-prepares a statement for a new epoch; when that fails (here: a column
-/// it names was dropped since), the error's position counts in the client's text too, as
-/// straight to Postgres when the plan is checked again.
+/// A rewritten prepared statement whose column was dropped since fails when Postgres plans
+/// it again: at the next Bind (same epoch), or when pgfence prepares it again for a new
+/// epoch. Either way the error's SQLSTATE and position are Postgres' own in the client's
+/// text, as straight to Postgres.
 #[tokio::test]
-async fn a_failed_re_prepare_points_into_the_clients_text() {
+async fn a_statement_planned_again_points_into_the_clients_text() {
+    for new_epoch in [false, true] {
+        let f = crate::rewrite::fixture(false).await;
+        let sql = "UPDATE items SET note = $1 WHERE n = 1";
+        let s = f.leader(1).await;
+        let proxied = s.prepare(sql).await.unwrap();
+        let direct = f.direct().await;
+        let prepared = direct.prepare(sql).await.unwrap();
+        f.admin.batch_execute("ALTER TABLE items DROP COLUMN n").await.unwrap();
+        if new_epoch {
+            s.batch_execute("SET pgfence.epoch = 2").await.unwrap();
+        }
+        let at = |r: Result<u64, tokio_postgres::Error>| {
+            let e = r.expect_err("column n is gone");
+            let db = e.as_db_error().cloned().unwrap_or_else(|| panic!("{e}"));
+            (db.code().code().to_owned(), db.position().cloned())
+        };
+        let want = at(direct.execute(&prepared, &[&"x"]).await);
+        assert_eq!(want.0, "42703");
+        assert!(want.1.is_some());
+        assert_eq!(at(s.execute(&proxied, &[&"x"]).await), want, "new epoch: {new_epoch}");
+    }
+}
+
+/// A re-prepare for a new epoch that fails on the client's own statement (a table it reads
+/// was dropped) reports Postgres' error (42P01), not pgfence's PF005 for a missing schema.
+#[tokio::test]
+async fn a_failed_re_prepare_keeps_the_clients_sqlstate() {
     let f = crate::rewrite::fixture(false).await;
-    let sql = "UPDATE items SET note = $1 WHERE n = 1";
+    f.admin
+        .batch_execute("CREATE TABLE aux (note text); INSERT INTO aux VALUES ('a')")
+        .await
+        .unwrap();
+    let sql = "UPDATE items SET note = (SELECT note FROM aux LIMIT 1) WHERE id = $1";
     let s = f.leader(1).await;
     let proxied = s.prepare(sql).await.unwrap();
     let direct = f.direct().await;
     let prepared = direct.prepare(sql).await.unwrap();
-    f.admin.batch_execute("ALTER TABLE items DROP COLUMN n").await.unwrap();
+    f.admin.batch_execute("DROP TABLE aux").await.unwrap();
     s.batch_execute("SET pgfence.epoch = 2").await.unwrap();
-    let at = |r: Result<u64, tokio_postgres::Error>| {
-        let e = r.expect_err("column n is gone");
-        let db = e.as_db_error().cloned().unwrap_or_else(|| panic!("{e}"));
-        (db.code().code().to_owned(), db.position().cloned())
-    };
-    let want = at(direct.execute(&prepared, &[&"x"]).await);
-    assert_eq!(want.0, "42703");
-    assert!(want.1.is_some());
-    assert_eq!(at(s.execute(&proxied, &[&"x"]).await), want);
+    let want = super::code(&direct.execute(&prepared, &[&1i32]).await);
+    assert_eq!(want, "42P01");
+    assert_eq!(super::code(&s.execute(&proxied, &[&1i32]).await), want);
 }
 
 /// Rewrite mode refuses a write it cannot read (PF004) by a rejection put before it, the
