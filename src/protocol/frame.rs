@@ -186,6 +186,18 @@ pub fn error_with_position(body: &[u8], map: impl FnOnce(usize) -> usize) -> Opt
     Some(out)
 }
 
+/// `Some(encoding)` when a ParameterStatus body reports `server_encoding` (`Some(true, …)`)
+/// or `client_encoding` (`Some(false, …)`).
+pub fn encoding(body: &[u8]) -> Option<(bool, &[u8])> {
+    let mut r = Body::new(body);
+    let server = match r.cstr()? {
+        b"server_encoding" => true,
+        b"client_encoding" => false,
+        _ => return None,
+    };
+    Some((server, r.cstr()?))
+}
+
 /// `Some(on)` when a ParameterStatus body reports `standard_conforming_strings`,
 /// which decides where string literals end for the rest of the session.
 pub fn standard_conforming_strings(body: &[u8]) -> Option<bool> {

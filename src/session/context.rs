@@ -9,7 +9,7 @@ use crate::sql::classify::{Analysis, Analyzer, FenceSet};
 use crate::sql::lex::Lexing;
 use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported, rewrite_lexing, rewrite_source};
 
-use super::positions::{Redo, byte_offset, char_offset};
+use super::positions::{Count, Redo};
 
 /// The fences as seen from one database, shared by its sessions.
 pub struct DbFences {
@@ -128,22 +128,18 @@ impl DbFences {
         }
         Some(cache.rewrite(stmt_sql, epoch))
     }
-}
 
-impl DbFences {
-    /// For character offset `sent_chars` in the rewrite of `original` that `redo` made,
-    /// the character offset in `original` it comes from (see `rewrite_source`). Rewrites
-    /// again: for an error's position, not for every statement.
-    pub fn rewrite_source_chars(&self, original: &str, redo: Redo, sent_chars: usize) -> Option<usize> {
+    /// For offset `sent` (counted as `count` says) in the rewrite of `original` that `redo`
+    /// made, the offset in `original` it comes from (see `rewrite_source`). Rewrites again:
+    /// for an error's position, not for every statement.
+    pub fn rewrite_source(&self, original: &str, redo: Redo, sent: usize, count: Count) -> Option<usize> {
         let cache = self.rewriters.get(usize::from(redo.fence.0))?.as_ref()?;
         let target = cache.lock().unwrap_or_else(|p| p.into_inner()).target().clone();
         let lexing = Lexing {
             standard_conforming_strings: redo.standard_conforming_strings,
         };
-        let byte = rewrite_source(original, &target, redo.epoch, lexing, |sent| {
-            byte_offset(sent, sent_chars)
-        })?;
-        Some(char_offset(original, byte))
+        let byte = rewrite_source(original, &target, redo.epoch, lexing, |text| count.byte(text, sent))?;
+        Some(count.at(original, byte))
     }
 }
 

@@ -13,7 +13,58 @@ use crate::sql::FenceId;
 
 use super::context::DbFences;
 
-/// How a sent text was made from the client's, piece by piece, in characters.
+/// How Postgres counts an error's position: in characters, or in bytes in a `SQL_ASCII`
+/// database (which keeps texts as it gets them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Characters (the client's encoding is UTF8).
+    Chars,
+    /// Bytes (the database is `SQL_ASCII`).
+    Bytes,
+}
+
+impl Count {
+    /// How many of these units `s[..byte]` holds (`byte` clamped to `s`).
+    pub fn at(self, s: &str, byte: usize) -> usize {
+        match self {
+            Count::Chars => char_offset(s, byte),
+            Count::Bytes => byte.min(s.len()),
+        }
+    }
+
+    /// The byte offset in `s` where unit `n` starts, or `None` past its end.
+    pub fn byte(self, s: &str, n: usize) -> Option<usize> {
+        match self {
+            Count::Chars => byte_offset(s, n),
+            Count::Bytes => (n <= s.len()).then_some(n),
+        }
+    }
+}
+
+/// A length in both units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Len {
+    bytes: usize,
+    chars: usize,
+}
+
+impl Len {
+    fn of(s: &str) -> Self {
+        Self {
+            bytes: s.len(),
+            chars: s.chars().count(),
+        }
+    }
+
+    fn get(self, count: Count) -> usize {
+        match count {
+            Count::Chars => self.chars,
+            Count::Bytes => self.bytes,
+        }
+    }
+}
+
+/// How a sent text was made from the client's, piece by piece.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Positions {
     pieces: Vec<Piece>,
@@ -21,18 +72,14 @@ pub struct Positions {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
-    /// Characters of the client's text, sent as they are.
-    Copied(usize),
-    /// `sent` characters written by pgfence in place of `orig` characters of the client's
-    /// text (none for an insertion): a position inside them stands for where they are.
-    Replaced { sent: usize, orig: usize },
-    /// A statement rewritten as `redo` says (rewrite mode), `sent` characters in place
-    /// of the client's `original`.
-    Rewritten {
-        sent: usize,
-        original: Box<str>,
-        redo: Redo,
-    },
+    /// Client's text, sent as it is.
+    Copied(Len),
+    /// `sent` written by pgfence in place of `orig` of the client's text (nothing for an
+    /// insertion): a position inside it stands for where it is.
+    Replaced { sent: Len, orig: Len },
+    /// A statement rewritten as `redo` says (rewrite mode), `sent` in place of the client's
+    /// `original`.
+    Rewritten { sent: Len, original: Box<str>, redo: Redo },
 }
 
 /// What a rewritten statement needs to be rewritten again, the same way.
@@ -49,12 +96,15 @@ pub struct Redo {
 impl Positions {
     /// The client's `text`, sent as it is.
     pub fn copied(&mut self, text: &str) {
-        let n = text.chars().count();
-        if n == 0 {
+        if text.is_empty() {
             return;
         }
+        let n = Len::of(text);
         match self.pieces.last_mut() {
-            Some(Piece::Copied(m)) => *m += n,
+            Some(Piece::Copied(m)) => {
+                m.bytes += n.bytes;
+                m.chars += n.chars;
+            }
             _ => self.pieces.push(Piece::Copied(n)),
         }
     }
@@ -62,24 +112,25 @@ impl Positions {
     /// pgfence's `sent` in place of the client's `original` (empty for an insertion).
     pub fn replaced(&mut self, sent: &str, original: &str) {
         self.pieces.push(Piece::Replaced {
-            sent: sent.chars().count(),
-            orig: original.chars().count(),
+            sent: Len::of(sent),
+            orig: Len::of(original),
         });
     }
 
     /// The rewrite `sent` of the client's statement `original`.
     pub fn rewritten(&mut self, sent: &str, original: &str, redo: Redo) {
         self.pieces.push(Piece::Rewritten {
-            sent: sent.chars().count(),
+            sent: Len::of(sent),
             original: original.into(),
             redo,
         });
     }
 
-    /// The client's position for Postgres' 1-based position `sent` in the text sent.
-    /// Positions inside text pgfence wrote point at the start of what it stands for; one
-    /// past the end (Postgres' "at end of input") stays one past the end.
-    pub fn client_position(&self, sent: usize, fences: Option<&DbFences>) -> usize {
+    /// The client's position for Postgres' 1-based position `sent` in the text sent,
+    /// both counted as `count` says. Positions inside text pgfence wrote point at the start
+    /// of what it stands for; one past the end (Postgres' "at end of input") stays one past
+    /// the end.
+    pub fn client_position(&self, sent: usize, count: Count, fences: Option<&DbFences>) -> usize {
         let Some(mut at) = sent.checked_sub(1) else {
             return sent;
         };
@@ -87,26 +138,29 @@ impl Positions {
         for piece in &self.pieces {
             match piece {
                 Piece::Copied(n) => {
-                    if at < *n {
+                    let n = n.get(count);
+                    if at < n {
                         return orig + at + 1;
                     }
                     at -= n;
                     orig += n;
                 }
                 Piece::Replaced { sent, orig: o } => {
-                    if at < *sent {
+                    let sent = sent.get(count);
+                    if at < sent {
                         return orig + 1;
                     }
                     at -= sent;
-                    orig += o;
+                    orig += o.get(count);
                 }
                 Piece::Rewritten { sent, original, redo } => {
-                    if at < *sent {
-                        let inside = fences.and_then(|f| f.rewrite_source_chars(original, *redo, at));
+                    let sent = sent.get(count);
+                    if at < sent {
+                        let inside = fences.and_then(|f| f.rewrite_source(original, *redo, at, count));
                         return orig + inside.unwrap_or(0) + 1;
                     }
                     at -= sent;
-                    orig += original.chars().count();
+                    orig += Len::of(original).get(count);
                 }
             }
         }
@@ -185,14 +239,14 @@ mod tests {
         let abc = sent.find("'abc'").unwrap();
         let at = char_offset(&sent, abc) + 1;
         assert_eq!(
-            p.client_position(at, None),
+            p.client_position(at, Count::Chars, None),
             char_offset(client, client.find("'abc'").unwrap()) + 1
         );
         // Inside the guard: the statement it stands before.
-        assert_eq!(p.client_position(3, None), 1);
+        assert_eq!(p.client_position(3, Count::Chars, None), 1);
         // One past the end.
         let end = sent.chars().count() + 1;
-        assert_eq!(p.client_position(end, None), client.chars().count() + 1);
+        assert_eq!(p.client_position(end, Count::Chars, None), client.chars().count() + 1);
     }
 
     #[test]
@@ -205,10 +259,28 @@ mod tests {
         let client = "SELECT 1; SET pgfence.epoch = 0; SELEC 2";
         let at = char_offset(sent, sent.find("SELEC 2").unwrap()) + 1;
         assert_eq!(
-            p.client_position(at, None),
+            p.client_position(at, Count::Chars, None),
             char_offset(client, client.find("SELEC 2").unwrap()) + 1
         );
-        assert_eq!(p.client_position(12, None), 11);
+        assert_eq!(p.client_position(12, Count::Chars, None), 11);
+    }
+
+    #[test]
+    fn a_sql_ascii_database_counts_bytes() {
+        let client = "SELECT 'ééé', nope; UPDATE t SET x = 1";
+        let guard = "SELECT pgfence.guard('f', 5, NULL, true);";
+        let mut p = Positions::default();
+        p.copied("SELECT 'ééé', nope; ");
+        p.replaced(guard, "");
+        p.copied("UPDATE t SET x = 1");
+        // `nope` before the guard: its position stays, in bytes or in characters.
+        let nope = client.find("nope").unwrap();
+        assert_eq!(p.client_position(nope + 1, Count::Bytes, None), nope + 1);
+        let nope_chars = char_offset(client, nope);
+        assert_eq!(p.client_position(nope_chars + 1, Count::Chars, None), nope_chars + 1);
+        // After the guard: moved back by its length in that unit.
+        let x = client.find("x = 1").unwrap();
+        assert_eq!(p.client_position(x + guard.len() + 1, Count::Bytes, None), x + 1);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::{Declarations, Scope};
-use super::positions::Positions;
+use super::positions::{Count, Positions};
 use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
 use crate::protocol::{codec, frame};
@@ -263,6 +263,10 @@ pub struct Reported {
     /// Whether `client_encoding` may hide a backslash in a multibyte character
     /// (`frame::client_encoding_hides_backslash`).
     pub encoding_hides_backslash: bool,
+    /// `server_encoding` is `SQL_ASCII`: Postgres counts error positions in bytes.
+    pub server_sql_ascii: bool,
+    /// `client_encoding` is `UTF8`: texts pgfence reads are the characters Postgres counts.
+    pub client_utf8: bool,
 }
 
 impl Default for Reported {
@@ -271,6 +275,8 @@ impl Default for Reported {
         Self {
             standard_conforming_strings: true,
             encoding_hides_backslash: false,
+            server_sql_ascii: false,
+            client_utf8: true,
         }
     }
 }
@@ -283,6 +289,26 @@ impl Reported {
         }
         if let Some(hides) = frame::client_encoding_hides_backslash(body) {
             self.encoding_hides_backslash = hides;
+        }
+        match frame::encoding(body) {
+            Some((true, name)) => self.server_sql_ascii = name.eq_ignore_ascii_case(b"SQL_ASCII"),
+            Some((false, name)) => {
+                self.client_utf8 = matches!(name.to_ascii_uppercase().as_slice(), b"UTF8" | b"UNICODE")
+            }
+            None => {}
+        }
+    }
+
+    /// How Postgres counts error positions in the texts it gets: bytes in a `SQL_ASCII`
+    /// database (no conversion), characters when the client's encoding is UTF8 (as
+    /// pgfence reads texts). `None` otherwise: positions are left as Postgres gives them.
+    pub fn position_count(&self) -> Option<Count> {
+        if self.server_sql_ascii {
+            Some(Count::Bytes)
+        } else if self.client_utf8 {
+            Some(Count::Chars)
+        } else {
+            None
         }
     }
 }
@@ -776,11 +802,14 @@ impl Shared {
         body: Option<&[u8]>,
     ) -> Verdict {
         match (verdict, positions, body) {
-            (Verdict::Forward, Some(positions), Some(body)) => {
-                let fences = self.fences.as_deref();
-                frame::error_with_position(body, |at| positions.client_position(at, fences))
-                    .map_or(Verdict::Forward, Verdict::Replace)
-            }
+            (Verdict::Forward, Some(positions), Some(body)) => match self.reported.position_count() {
+                Some(count) => {
+                    let fences = self.fences.as_deref();
+                    frame::error_with_position(body, |at| positions.client_position(at, count, fences))
+                        .map_or(Verdict::Forward, Verdict::Replace)
+                }
+                None => Verdict::Forward,
+            },
             (verdict, ..) => verdict,
         }
     }

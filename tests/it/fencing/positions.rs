@@ -5,8 +5,9 @@
 use tokio_postgres::Client;
 use tokio_postgres::error::ErrorPosition;
 
-use super::{Fixture, NO_LEASE};
-use crate::common::pg::Cluster;
+use super::{Fixture, NO_LEASE, SEED_SQL, install};
+use crate::common::inproc::Proxy;
+use crate::common::pg::{Cluster, connect};
 
 /// The SQLSTATE and position of the error `sql` gets in the simple protocol (`simple`) or
 /// when prepared.
@@ -52,6 +53,37 @@ async fn reject_mode_errors_point_into_the_clients_text() {
         "BEGIN; UPDATE sweep_state SET note = 'x' WHERE id = 1; INSERT INTO sweep_state (id) VALUES ('z')",
     ];
     same_positions(&f, &s, &cases, true).await;
+}
+
+/// A `SQL_ASCII` database keeps texts as it gets them and counts positions in bytes: the
+/// positions pgfence gives back count in bytes too.
+#[tokio::test]
+async fn a_sql_ascii_database_counts_positions_in_bytes() {
+    let cluster = Cluster::shared();
+    let db = format!("{}_ascii", cluster.fresh_db().await);
+    cluster
+        .admin("postgres")
+        .await
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} TEMPLATE template0 ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
+        ))
+        .await
+        .unwrap();
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install(&mut admin, cluster.port(), NO_LEASE).await;
+    let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
+    let s = connect(proxy.port(), &db, "-c pgfence.epoch=1").await;
+    let direct = connect(cluster.port(), &db, "").await;
+    for sql in [
+        // In bytes `nope` lies past the end of the text before the guard counted in characters.
+        "SELECT 'éééééééééé', nope; UPDATE sweep_state SET note = 'x' WHERE id = 1",
+        "SELECT 'ééé'; UPDATE sweep_state SET note = 'ü' WHERE id = 'abc'",
+    ] {
+        let want = error_at(&direct, sql, true).await;
+        assert!(want.1.is_some(), "{sql}");
+        assert_eq!(error_at(&s, sql, true).await, want, "{sql}");
+    }
 }
 
 /// Rewrite mode: positions inside the rewritten statement (its added predicate and
