@@ -134,9 +134,10 @@ pub struct Config {
 }
 
 impl Config {
-    /// Settings that are valid but have no effect, one sentence each: the caller logs them.
+    /// Settings that are valid but probably not meant, one sentence each: the caller logs them.
     pub fn warnings(&self) -> Vec<String> {
-        self.fences
+        let mut out: Vec<String> = self
+            .fences
             .iter()
             .filter(|f| f.mode == Mode::Reject && f.epoch_column.is_some())
             .map(|f| {
@@ -145,7 +146,29 @@ impl Config {
                     f.name
                 )
             })
-            .collect()
+            .collect();
+        // An unqualified name in SQL matches a fenced table of that name in any schema.
+        for f in &self.fences {
+            let Some(lease) = &f.lease else { continue };
+            for g in self
+                .fences
+                .iter()
+                .filter(|g| databases_overlap(g.database.as_deref(), f.database.as_deref()))
+            {
+                for t in g
+                    .tables
+                    .iter()
+                    .filter(|t| t.name == lease.table.name && **t != lease.table)
+                {
+                    out.push(format!(
+                        "fence {:?}: an unqualified {} in SQL also names the fenced table {t} (fence {:?}), so a \
+                         lease update written that way through pgfence is refused: qualify it ({})",
+                        f.name, lease.table.name, g.name, lease.table
+                    ));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -472,6 +495,20 @@ mod tests {
         assert!(warnings[0].contains("fence \"a\": epoch_column"), "{warnings:?}");
         let rewrite = format!("{fence}mode = \"rewrite\"\n");
         assert!(parse(&rewrite).unwrap().warnings().is_empty());
+    }
+
+    #[test]
+    fn a_fenced_table_named_like_the_lease_table_is_a_warning() {
+        let text = "[[fence]]\nname = \"a\"\ntables = [\"app.leader_lease\"]\n[fence.lease]\ntable = \"leader_lease\"";
+        let warnings = parse(text).unwrap().warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("also names the fenced table app.leader_lease"),
+            "{warnings:?}"
+        );
+        let apart = "[[fence]]\nname = \"a\"\ndatabase = \"x\"\ntables = [\"app.leader_lease\"]\n\
+                     [[fence]]\nname = \"b\"\ndatabase = \"y\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leader_lease\"";
+        assert!(parse(apart).unwrap().warnings().is_empty());
     }
 
     #[test]
