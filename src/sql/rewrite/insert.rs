@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::Unsupported;
 use super::dml::{Res, Rw, shape};
+use crate::sql::lex::TokenKind;
 
 /// The `(a, b, …)` column list at tokens `open..=close`.
 struct Cols {
@@ -203,7 +204,7 @@ impl Rw<'_, '_> {
 
     /// The output (tokens) of the simple SELECT `query` (output list `outputs`) that goes
     /// to the `k`-th of `len` listed columns, when replacing it changes nothing but that
-    /// column's value: one token (a `$n`, a literal, a name, so no alias), one output per
+    /// column's value: one token (a `$n`, a literal or NULL, so no alias), one output per
     /// column (no `*`), and no DISTINCT, GROUP BY, HAVING or ORDER BY, which the value could
     /// change the rows (or their order) of.
     fn own_output(
@@ -227,7 +228,24 @@ impl Rw<'_, '_> {
         if items.len() != len || items.iter().any(|i| i.is_empty() || t.src(i.end - 1) == "*") {
             return None;
         }
-        items.get(k).filter(|i| i.len() == 1).cloned()
+        // A parameter, a literal or NULL: what Postgres types by the column. Anything else (a name
+        // may be an ungrouped column beside an aggregate) is left to the wrapper, which keeps
+        // Postgres' own error for it.
+        let value = |i: usize| {
+            t.is(i, "null")
+                || t.toks.get(i).is_some_and(|tok| {
+                    matches!(
+                        tok.kind,
+                        TokenKind::Param
+                            | TokenKind::Number
+                            | TokenKind::String
+                            | TokenKind::EscapeString
+                            | TokenKind::UnicodeString
+                            | TokenKind::DollarString
+                    )
+                })
+        };
+        items.get(k).filter(|i| i.len() == 1 && value(i.start)).cloned()
     }
 
     /// For `SELECT [ALL | DISTINCT [ON (…)]] items …` with no set operation,

@@ -92,6 +92,14 @@ fn rewrites_are_text_edits() {
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT id, e FROM src ORDER BY 2 DESC LIMIT 1) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, NULL",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, 7",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) SELECT max(a), b FROM x",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT max(a), b FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+        ),
+        (
             "INSERT INTO sweep_state (id, last_epoch) SELECT a, b + 1 FROM x",
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b + 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),

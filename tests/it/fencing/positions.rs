@@ -97,6 +97,9 @@ async fn rewrite_mode_errors_point_into_the_clients_text() {
         "UPDATE sweep_state SET note = 'é', nope = 1 WHERE id = 1 OR id = 2",
         "INSERT INTO sweep_state (id, note) VALUES ('abc', 'x')",
         "DELETE FROM sweep_state WHERE id = 'abc' RETURNING nope",
+        // Refused by Postgres (42803) with or without pgfence: the epoch output is a column
+        // beside an aggregate, so the query is wrapped and keeps its error.
+        "INSERT INTO sweep_state (id, last_epoch) SELECT max(id) + 1, last_epoch FROM sweep_state",
     ];
     same_positions(&f, &s, &cases, true).await;
     same_positions(&f, &s, &cases, false).await;
