@@ -116,74 +116,65 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// The fields of an ErrorResponse or NoticeResponse body, in order; `None` when malformed.
+fn error_fields(body: &[u8]) -> Option<Vec<(u8, &[u8])>> {
+    let mut fields = Vec::new();
+    let mut r = Body::new(body);
+    loop {
+        let field = r.u8()?;
+        if field == 0 {
+            return Some(fields);
+        }
+        fields.push((field, r.cstr()?));
+    }
+}
+
+/// The whole ErrorResponse message (type byte and length included) with these fields.
+fn error_message(fields: &[(u8, &[u8])]) -> Option<bytes::BytesMut> {
+    let len = 4 + fields.iter().map(|(_, v)| v.len() + 2).sum::<usize>() + 1;
+    let mut out = bytes::BytesMut::with_capacity(len + 1);
+    out.extend_from_slice(b"E");
+    out.extend_from_slice(&i32::try_from(len).ok()?.to_be_bytes());
+    for (field, value) in fields {
+        out.extend_from_slice(&[*field]);
+        out.extend_from_slice(value);
+        out.extend_from_slice(&[0]);
+    }
+    out.extend_from_slice(&[0]);
+    Some(out)
+}
+
 /// The whole ErrorResponse message (type byte and length included) of `body` without
 /// the fields that say where inside the server it was raised: `W` (CONTEXT), `q` and `p`
 /// (the internal query and a position in it). `None` when it has none of them or is
 /// malformed.
 pub fn error_without_context(body: &[u8]) -> Option<bytes::BytesMut> {
-    let mut kept = Vec::with_capacity(body.len());
-    let mut dropped = false;
-    let mut r = Body::new(body);
-    loop {
-        let field = r.u8()?;
-        if field == 0 {
-            break;
-        }
-        let value = r.cstr()?;
-        if matches!(field, b'W' | b'q' | b'p') {
-            dropped = true;
-        } else {
-            kept.push(field);
-            kept.extend_from_slice(value);
-            kept.push(0);
-        }
-    }
-    if !dropped {
+    let mut fields = error_fields(body)?;
+    let before = fields.len();
+    fields.retain(|(field, _)| !matches!(field, b'W' | b'q' | b'p'));
+    if fields.len() == before {
         return None;
     }
-    kept.push(0);
-    let mut out = bytes::BytesMut::with_capacity(kept.len() + 5);
-    out.extend_from_slice(b"E");
-    out.extend_from_slice(&i32::try_from(kept.len() + 4).ok()?.to_be_bytes());
-    out.extend_from_slice(&kept);
-    Some(out)
+    error_message(&fields)
 }
 
 /// The whole ErrorResponse message of `body` with its position (`P`) given by `map`
 /// from the one Postgres gave. `None` when it has no position, `map` leaves it as it
 /// is, or the body is malformed.
 pub fn error_with_position(body: &[u8], map: impl FnOnce(usize) -> usize) -> Option<bytes::BytesMut> {
-    let mut fields = Vec::new();
-    let mut position = None;
-    let mut r = Body::new(body);
-    loop {
-        let field = r.u8()?;
-        if field == 0 {
-            break;
-        }
-        let value = r.cstr()?;
-        if field == b'P' {
-            position = Some((fields.len(), std::str::from_utf8(value).ok()?.parse::<usize>().ok()?));
-        }
-        fields.push((field, value));
-    }
-    let (index, sent) = position?;
-    let client = map(sent).to_string();
-    if client.parse() == Ok(sent) {
+    let mut fields = error_fields(body)?;
+    let (index, value) = fields
+        .iter()
+        .enumerate()
+        .find_map(|(i, (f, v))| (*f == b'P').then_some((i, *v)))?;
+    let sent: usize = std::str::from_utf8(value).ok()?.parse().ok()?;
+    let client = map(sent);
+    if client == sent {
         return None;
     }
+    let client = client.to_string();
     fields[index].1 = client.as_bytes();
-    let len: usize = 4 + 1 + fields.iter().map(|(_, v)| v.len() + 2).sum::<usize>();
-    let mut out = bytes::BytesMut::with_capacity(len + 1);
-    out.extend_from_slice(b"E");
-    out.extend_from_slice(&i32::try_from(len).ok()?.to_be_bytes());
-    for (field, value) in fields {
-        out.extend_from_slice(&[field]);
-        out.extend_from_slice(value);
-        out.extend_from_slice(&[0]);
-    }
-    out.extend_from_slice(&[0]);
-    Some(out)
+    error_message(&fields)
 }
 
 /// `Some(encoding)` when a ParameterStatus body reports `server_encoding` (`Some(true, …)`)
