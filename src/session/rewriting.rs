@@ -177,6 +177,16 @@ impl Dispatcher {
         }
     }
 
+    /// How a rewrite for `fence` at `epoch` is made now, to make it again for an error's
+    /// position.
+    fn redo(&self, fence: FenceId, epoch: Epoch) -> Redo {
+        Redo {
+            fence,
+            epoch,
+            standard_conforming_strings: self.scs,
+        }
+    }
+
     /// The text sent for a statement that writes a rewrite-mode table in a simple
     /// Query, and the guard to run before it (see [`SimpleRewrite`]).
     pub(super) fn simple_rewrite(
@@ -203,14 +213,7 @@ impl Dispatcher {
                 });
                 SimpleRewrite {
                     before: guard,
-                    rewrite: Some((
-                        text.to_string(),
-                        Redo {
-                            fence,
-                            epoch,
-                            standard_conforming_strings: self.scs,
-                        },
-                    )),
+                    rewrite: Some((text.to_string(), self.redo(fence, epoch))),
                 }
             }
             Plan::Reject(r) => SimpleRewrite {
@@ -264,12 +267,7 @@ impl Dispatcher {
         let text = match self.plan(&rw.fences, &sql[rw.span.clone()], exact) {
             Plan::Rewrite { fence, epoch, text } => {
                 rw.last.epoch = Some(epoch);
-                let redo = Redo {
-                    fence,
-                    epoch,
-                    standard_conforming_strings: self.scs,
-                };
-                let (text, positions) = splice(&rw, &text, redo);
+                let (text, positions) = splice(&rw, &text, self.redo(fence, epoch));
                 let positions = Arc::new(positions);
                 rw.last.positions = Some(positions.clone());
                 Some((text, positions))
@@ -349,12 +347,7 @@ impl Dispatcher {
             && bound != Some(epoch)
             && !aborted
         {
-            let redo = Redo {
-                fence,
-                epoch,
-                standard_conforming_strings: self.scs,
-            };
-            let (sql, positions) = splice(rw, &text, redo);
+            let (sql, positions) = splice(rw, &text, self.redo(fence, epoch));
             let positions = Arc::new(positions);
             let (params, analysis) = (rw.params.clone(), rw.analysis.clone());
             crate::protocol::codec::close_statement(out, statement);
