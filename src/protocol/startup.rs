@@ -48,7 +48,7 @@ pub enum StartupError {
     /// I/O error or EOF before a whole packet.
     #[error("connection closed during startup")]
     Io(#[from] std::io::Error),
-    /// Length outside 8..=10000.
+    /// Length outside 8..=10004 (length word included).
     #[error("invalid length of startup packet")]
     BadLength,
     /// Protocol major version other than 3.
@@ -65,7 +65,8 @@ pub enum StartupError {
 /// Reads one startup-phase packet. Cancel safe: no (it reads in several steps).
 pub async fn read_first_packet<R: AsyncRead + Unpin>(r: &mut R) -> Result<FirstPacket, StartupError> {
     let len = r.read_u32().await? as usize;
-    if !(8..=MAX_STARTUP_PACKET).contains(&len) {
+    // Postgres limits the packet without its length word.
+    if !(8..=MAX_STARTUP_PACKET + 4).contains(&len) {
         return Err(StartupError::BadLength);
     }
     let mut body = vec![0; len - 4];
@@ -211,6 +212,29 @@ mod tests {
             params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         m.encode_for_upstream()[4..].to_vec()
+    }
+
+    /// A startup packet of `total` bytes, length word included.
+    fn packet_of(total: usize) -> Vec<u8> {
+        let mut body = startup(&[("user", "u"), ("database", "d"), ("application_name", "")]);
+        body.pop(); // the terminating NUL
+        body.pop(); // the empty value's NUL
+        body.resize(total - 4 - 2, b'a');
+        body.extend_from_slice(b"\0\0");
+        let mut p = (total as u32).to_be_bytes().to_vec();
+        p.extend_from_slice(&body);
+        p
+    }
+
+    #[tokio::test]
+    async fn startup_packets_up_to_10004_bytes_are_read_as_postgres_reads_them() {
+        let FirstPacket::Startup(m) = read_first_packet(&mut packet_of(10_004).as_slice()).await.unwrap() else {
+            panic!("not a startup packet")
+        };
+        // Less the length word, the version and the two other parameters, and two NULs.
+        assert_eq!(m.get("application_name").map(str::len), Some(10_004 - 4 - 39 - 2));
+        let err = read_first_packet(&mut packet_of(10_005).as_slice()).await.unwrap_err();
+        assert!(matches!(err, StartupError::BadLength), "{err:?}");
     }
 
     #[test]
