@@ -62,6 +62,7 @@ pub struct ServerContext {
 pub struct CancelKeyGuard {
     pid: i32,
     secret: i32,
+    upstream: UpstreamKey,
     keys: Arc<Mutex<HashMap<i32, CancelEntry>>>,
 }
 
@@ -74,6 +75,11 @@ impl CancelKeyGuard {
     /// The secret pgfence gave the client.
     pub fn secret(&self) -> i32 {
         self.secret
+    }
+
+    /// The upstream's key for this session's backend (pid 0: none was given).
+    pub fn upstream(&self) -> UpstreamKey {
+        self.upstream
     }
 }
 
@@ -141,6 +147,7 @@ impl ServerContext {
         CancelKeyGuard {
             pid,
             secret,
+            upstream,
             keys: self.cancel_keys.clone(),
         }
     }
@@ -158,6 +165,15 @@ impl ServerContext {
             info!(pid, "cancel request with an unknown key ignored");
             return;
         };
+        self.cancel_upstream(upstream).await;
+    }
+
+    /// Sends the upstream a cancel request for the backend with this key, as Postgres'
+    /// own clients do: on a new connection, with no answer.
+    pub async fn cancel_upstream(&self, upstream: UpstreamKey) {
+        if upstream.pid == 0 {
+            return;
+        }
         let mut msg = BytesMut::with_capacity(16);
         msg.put_u32(16);
         msg.put_u32(80_877_102);
@@ -169,7 +185,7 @@ impl ServerContext {
             s.shutdown().await
         };
         match tokio::time::timeout(self.config.connect_timeout, sent).await {
-            Ok(Ok(())) => debug!(pid, "cancel forwarded"),
+            Ok(Ok(())) => debug!(pid = upstream.pid, "cancel sent upstream"),
             Ok(Err(e)) => warn!(error = %e, "cancel could not be forwarded"),
             Err(_) => warn!("cancel forwarding timed out"),
         }

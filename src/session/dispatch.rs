@@ -587,6 +587,7 @@ impl Dispatcher {
     /// before it to `out`, then records the client's Execute.
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         shared.copy_data_early = false;
+        shared.unsynced = true;
         if let Some(decision) = self.execute_rewrite(portal) {
             match decision {
                 Some(decision) => self.inject_extended(shared, decision, None, out),
@@ -671,6 +672,7 @@ impl Dispatcher {
             shared.copy_syncs += 1;
             return;
         }
+        shared.unsynced = false;
         self.sent += 1;
         self.batch += 1;
         shared.pending.push_back(Unit::Sync {

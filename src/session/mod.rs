@@ -70,7 +70,7 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
         mut upstream,
         declared,
         fences,
-        _cancel_key,
+        cancel_key,
         reported,
     } = est;
     let mut state = Shared::new(declared.clone());
@@ -81,9 +81,10 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = upstream.split();
     let max = ctx.config.max_message_size;
+    let mid_message = AtomicBool::new(false);
     let end = {
         let mut c2u = pin!(relay::client_to_upstream(&mut cr, &mut uw, &shared, &mut disp, max));
-        let mut u2c = pin!(relay::upstream_to_client(&mut ur, &mut cw, &shared));
+        let mut u2c = pin!(relay::upstream_to_client(&mut ur, &mut cw, &shared, &mid_message));
         // Until the drain starts, only the drain token is watched (it is a child of the fast
         // token, so a fast shutdown cancels it too); after, the fast token and the grace period.
         let mut draining = false;
@@ -102,7 +103,7 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
                     draining = true;
                     let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
                     st.draining = true;
-                    if st.pending.is_empty() && st.tx_status == b'I' {
+                    if st.idle() {
                         break End::Drained;
                     }
                     grace.as_mut().reset(tokio::time::Instant::now() + ctx.config.shutdown_grace);
@@ -117,7 +118,17 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     } else {
         LAST_WORDS
     };
-    last_words(ctx, limit, finish(end, &mut client, &mut upstream).instrument(span)).await;
+    // A shutdown that cuts a session short while Postgres still works for it stops that
+    // work first, as Postgres' own shutdown does: closing the socket alone would let the
+    // statement run on, and commit, after the client was told the session is over.
+    let busy = matches!(end, End::Drained) && !shared.lock().unwrap_or_else(|p| p.into_inner()).pending.is_empty();
+    let ending = async {
+        if busy {
+            ctx.cancel_upstream(cancel_key.upstream()).await;
+        }
+        finish(end, mid_message.into_inner(), &mut client, &mut upstream).await;
+    };
+    last_words(ctx, limit, ending.instrument(span)).await;
 }
 
 /// How long the end of a session may take to write its FATAL and close both sockets.
@@ -203,8 +214,10 @@ impl<F: Future> Future for OnWake<F> {
     }
 }
 
-/// Reports how the session ended, to the client where the protocol allows.
-async fn finish(end: End, client: &mut TcpStream, upstream: &mut TcpStream) {
+/// Reports how the session ended, to the client where the protocol allows: not after
+/// part of a message (`mid_message`), which the client would read the report into.
+/// Postgres, too, only closes the connection then.
+async fn finish(end: End, mid_message: bool, client: &mut TcpStream, upstream: &mut TcpStream) {
     let fatal = match &end {
         End::ClientGone | End::ClientTerminated => None,
         End::ClientProtocol(reason) => {
@@ -222,7 +235,7 @@ async fn finish(end: End, client: &mut TcpStream, upstream: &mut TcpStream) {
             None
         }
     };
-    if let Some(err) = fatal {
+    if let Some(err) = fatal.filter(|_| !mid_message) {
         let _ = client.write_all(&err.to_response()).await;
     }
     let _ = client.shutdown().await;

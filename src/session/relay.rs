@@ -8,6 +8,7 @@
 //! else streams through whatever its size.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -337,8 +338,10 @@ fn handle_client_message(
     }
 }
 
-/// Upstream to client. Cancel safe: no (see [`client_to_upstream`]).
-pub async fn upstream_to_client<R, W>(ur: &mut R, cw: &mut W, shared: &Mutex<Shared>) -> End
+/// Upstream to client. Cancel safe: no (see [`client_to_upstream`]). `mid_message` is
+/// true while what the client got may end inside a message (a streamed one not yet
+/// through, or a write cut short): nothing of pgfence's own may follow it then.
+pub async fn upstream_to_client<R, W>(ur: &mut R, cw: &mut W, shared: &Mutex<Shared>, mid_message: &AtomicBool) -> End
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -400,17 +403,23 @@ where
                     break;
                 }
             }
-            drained = st.draining && st.pending.is_empty() && st.tx_status == b'I' && stream.0 == 0;
+            drained = st.draining && st.idle() && stream.0 == 0;
             violation = st.violation.take();
         }
+        mid_message.store(true, Ordering::Relaxed);
         if let Some(reason) = violation {
-            // What came before the message that broke the session is the client's.
-            let _ = em.flush(cw, &buf, pos).await;
+            // What came before the message that broke the session is the client's; it
+            // ends where that message starts.
+            if em.flush(cw, &buf, pos).await.is_ok() {
+                mid_message.store(false, Ordering::Relaxed);
+            }
             return End::ClientProtocol(reason);
         }
         if let Err(e) = em.flush(cw, &buf, pos).await {
             return End::Io(e);
         }
+        // A forwarded message still streaming has been written in part.
+        mid_message.store(stream.0 > 0 && stream.1, Ordering::Relaxed);
         buf.advance(pos);
         if drained {
             return End::Drained;

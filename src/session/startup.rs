@@ -40,7 +40,7 @@ pub struct Established {
     /// Fences of the session's database.
     pub fences: Arc<DbFences>,
     /// Unregisters the cancel key when the session ends.
-    pub _cancel_key: CancelKeyGuard,
+    pub cancel_key: CancelKeyGuard,
     /// What the server reported at startup that decides how texts are read.
     pub reported: Reported,
 }
@@ -68,7 +68,7 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
             upstream,
             declared,
             fences,
-            _cancel_key: key,
+            cancel_key: key,
             reported,
         })),
         Ok(Ok(None)) => Ok(None),

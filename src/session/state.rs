@@ -354,6 +354,9 @@ pub struct Shared {
     pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
     pub draining: bool,
+    /// An Execute was sent since the last Sync: Postgres holds an implicit transaction
+    /// open until that Sync comes, even once every reply is in.
+    pub unsynced: bool,
     /// Postgres is skipping messages until Sync after an error.
     skipping: bool,
     /// An error happened in the open transaction.
@@ -386,6 +389,12 @@ impl Shared {
             declared,
             ..Self::default()
         }
+    }
+
+    /// Nothing is in flight and no transaction is open, explicit or implicit: a draining
+    /// shutdown may end the session here without losing anything the client was told.
+    pub fn idle(&self) -> bool {
+        self.pending.is_empty() && self.tx_status == b'I' && !self.unsynced
     }
 
     /// Whether a guard for `(fence, epoch)` already holds its locks in the

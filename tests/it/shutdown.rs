@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::pg::{Cluster, connect};
 use crate::common::proxy::ProxyProcess;
-use crate::common::raw::{Raw, codes, query, startup_packet};
+use crate::common::raw::{Raw, bind, codes, execute, message, parse, query, startup_packet, sync, tags};
 
 #[tokio::test]
 async fn idle_session_gets_57p01_on_sigterm_and_transaction_may_commit_first() {
@@ -218,4 +218,165 @@ async fn an_upstream_that_accepts_but_never_answers_is_unreachable() {
     .expect("a silent upstream must not give a session");
     assert_eq!(err.code().map(|c| c.code()), Some("08001"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+/// A stand-in upstream that logs the client in, answers its first message with `answer`,
+/// and then closes (`close`) or holds the connection. Returns its port.
+async fn upstream_answering(answer: Vec<u8>, close: bool) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut len = [0u8; 4];
+                if s.read_exact(&mut len).await.is_err() {
+                    return;
+                }
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+                let _ = s.read_exact(&mut body).await;
+                // AuthenticationOk, BackendKeyData, ReadyForQuery.
+                let _ = s
+                    .write_all(b"R\0\0\0\x08\0\0\0\0K\0\0\0\x0c\0\0\x30\x39\0\0\0\x07Z\0\0\0\x05I")
+                    .await;
+                let mut sink = [0u8; 256];
+                if !matches!(s.read(&mut sink).await, Ok(n) if n > 0) {
+                    return;
+                }
+                let _ = s.write_all(&answer).await;
+                if !close {
+                    while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The bytes of a DataRow that says it is 1 000 bytes long, cut after 200.
+fn partial_row() -> Vec<u8> {
+    let mut row = b"D\0\0\x03\xe8\0\x01\0\0\x03\xde".to_vec();
+    row.resize(200, b'y');
+    row
+}
+
+/// Everything a client gets after logging in and sending one query, until the proxy closes.
+async fn bytes_after_query(port: u16, after_query: impl AsyncFnOnce()) -> Vec<u8> {
+    let (mut raw, msgs) = Raw::startup(port, &[("user", "postgres"), ("database", "x")]).await;
+    assert_eq!(tags(&msgs).chars().last(), Some('Z'), "{msgs:?}");
+    raw.send(&query("SELECT repeat('y', 994)")).await;
+    // The partial row is in flight; let pgfence forward it before anything else happens.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    after_query().await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), raw.stream.read_to_end(&mut got)).await;
+    assert!(matches!(read, Ok(Ok(_))), "{read:?}");
+    got
+}
+
+#[tokio::test]
+async fn nothing_of_pgfence_follows_part_of_a_message_when_the_upstream_goes() {
+    let proxy = ProxyProcess::start_for(upstream_answering(partial_row(), true).await, "");
+    let got = bytes_after_query(proxy.port(), async || {}).await;
+    // Postgres itself just closes in mid-message; a FATAL after it would be read as the
+    // rest of the row.
+    assert_eq!(got, partial_row(), "{}", String::from_utf8_lossy(&got));
+    // Between messages, the client is still told why.
+    let complete = b"C\0\0\0\x0dSELECT 0\0".to_vec();
+    let proxy = ProxyProcess::start_for(upstream_answering(complete.clone(), true).await, "");
+    let got = bytes_after_query(proxy.port(), async || {}).await;
+    assert!(got.starts_with(&complete), "{}", String::from_utf8_lossy(&got));
+    let mut raw_rest = got[complete.len()..].to_vec();
+    assert_eq!(raw_rest.first(), Some(&b'E'), "{}", String::from_utf8_lossy(&got));
+    raw_rest.retain(|&b| b != 0);
+    assert!(
+        String::from_utf8_lossy(&raw_rest).contains("C08006"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
+#[tokio::test]
+async fn nothing_of_pgfence_follows_part_of_a_message_at_shutdown() {
+    for signal in ["INT", "TERM"] {
+        let mut proxy = ProxyProcess::start_for(upstream_answering(partial_row(), false).await, "shutdown_grace = 1");
+        let got = bytes_after_query(proxy.port(), async || proxy.signal(signal)).await;
+        assert_eq!(got, partial_row(), "SIG{signal}: {}", String::from_utf8_lossy(&got));
+        let status = proxy.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.is_some_and(|s| s.success()), "SIG{signal}: {status:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_statement_cut_short_by_shutdown_is_cancelled_not_left_to_commit() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
+    for signal in ["TERM", "INT"] {
+        let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 1");
+        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+        // One implicit transaction: the row commits only if the sleep runs to its end.
+        raw.send(&query(&format!(
+            "INSERT INTO t VALUES (1); SELECT pg_sleep(3) /* {signal} */"
+        )))
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        proxy.signal(signal);
+        let rest = raw.read_until(|_| false).await;
+        assert_eq!(codes(&rest), ["57P01"], "SIG{signal}: {rest:?}");
+        let status = proxy.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.is_some_and(|s| s.success()), "SIG{signal}: {status:?}");
+        // The backend stops with the session instead of sleeping on and committing.
+        let sleeping = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(3) /* {signal}%' AND pid <> pg_backend_pid()"
+        );
+        loop {
+            let n: i64 = admin.query_one(&sleeping, &[]).await.unwrap().get(0);
+            if n == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "SIG{signal}: the backend never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(2500),
+            "SIG{signal}: the backend ran on for {:?}",
+            started.elapsed()
+        );
+        let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+        assert_eq!(n, 0, "SIG{signal}: a statement whose client was told 57P01 committed");
+    }
+}
+
+#[tokio::test]
+async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
+    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let mut batch = parse("", "INSERT INTO t VALUES (1)");
+    batch.extend(bind("", "", &[]));
+    batch.extend(execute(""));
+    batch.extend(message(b'H', b""));
+    raw.send(&batch).await;
+    let done = raw.read_until(|m| m.tag == b'C').await;
+    assert_eq!(tags(&done), "12C", "{done:?}");
+    proxy.sigterm();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The client was told the INSERT ran; the transaction it is in ends with its Sync.
+    raw.send(&sync()).await;
+    let end = raw.read_until(|_| false).await;
+    assert_eq!(tags(&end), "ZE", "{end:?}");
+    assert_eq!(codes(&end), ["57P01"]);
+    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
