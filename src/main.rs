@@ -92,9 +92,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match command {
-        Run::Serve(config) => runtime.block_on(serve(config)),
-        Run::Other(command) => runtime.block_on(run(command)),
+    // The runtime runs on a thread of its own, whose stack is the size every worker gets.
+    let main = std::thread::Builder::new()
+        .name("pgfence".into())
+        .stack_size(THREAD_STACK)
+        .spawn(move || match command {
+            Run::Serve(config) => runtime.block_on(serve(config)),
+            Run::Other(command) => runtime.block_on(run(command)),
+        });
+    let result = match main.map(std::thread::JoinHandle::join) {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(anyhow::anyhow!("the runtime thread panicked")),
+        Err(e) => Err(anyhow::anyhow!("cannot start the runtime thread: {e}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -111,6 +120,14 @@ enum Run {
     Other(Command),
 }
 
+/// Stack of every thread that runs sessions. Statement analysis works on sqlparser's
+/// syntax trees, and a tree's depth follows its text: `1+1+…+1` within the 64 KiB
+/// that pgfence parses is a chain about 32 000 deep, which sqlparser builds in a loop
+/// but drops (and prints) recursively, more than a default 2 MiB thread stack holds.
+/// A stack overflow aborts the whole process, not one session, so every thread gets
+/// room for the deepest tree with a wide margin. Only the pages used are ever mapped.
+const THREAD_STACK: usize = 64 * 1024 * 1024;
+
 /// One thread (like PgBouncer: the least CPU per query, no cross-thread wake-ups) or a
 /// work-stealing pool; 0 means one thread per CPU.
 fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
@@ -121,7 +138,7 @@ fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
         if workers > 1 {
             b.worker_threads(workers);
         }
-        b.enable_all().build()
+        b.thread_stack_size(THREAD_STACK).enable_all().build()
     }
 }
 

@@ -161,3 +161,50 @@ async fn error_mid_pipeline_skips_to_sync_as_postgres_does() {
     assert!(seen[0].0.ends_with("EZ") && seen[0].1 == "12DCZ", "{seen:?}");
     assert_eq!(seen[0], seen[1], "pgfence must answer exactly as Postgres");
 }
+
+/// sqlparser builds `1+1+…` in a loop but drops and prints the tree recursively; a stack
+/// overflow aborts the process, every session with it. The real binary, with more than one
+/// worker thread (whose stacks are not the main thread's), in both modes.
+#[tokio::test]
+async fn the_deepest_statement_pgfence_parses_fails_alone() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let mut admin = cluster.admin(&db).await;
+    admin
+        .batch_execute("CREATE TABLE deep (id int PRIMARY KEY, note text, last_epoch bigint)")
+        .await
+        .unwrap();
+    let fences = [
+        "[[fence]]\nname = \"deep\"\ntables = [\"deep\"]\n",
+        "[[fence]]\nname = \"deep\"\ntables = [\"deep\"]\nmode = \"rewrite\"\nepoch_column = \"last_epoch\"\n",
+    ];
+    crate::fencing::install(&mut admin, cluster.port(), fences[0]).await;
+    let chain = "1+".repeat(32_000);
+    for fence in fences {
+        let proxy = crate::common::proxy::ProxyProcess::start_for(cluster.port(), &format!("workers = 2\n{fence}"));
+        let bystander = connect(proxy.port(), &db, "").await;
+        let (mut raw, _) = Raw::startup(
+            proxy.port(),
+            &[
+                ("user", "postgres"),
+                ("database", &db),
+                ("options", "-c pgfence.epoch=1"),
+            ],
+        )
+        .await;
+        for sql in [
+            format!("SELECT {chain}1 FROM deep WHERE insert"),
+            format!("UPDATE deep SET note = 'x' WHERE id = {chain}1"),
+            format!("INSERT INTO deep (id, note) VALUES ({chain}1, 'a')"),
+        ] {
+            let replies = raw.simple(&sql).await;
+            assert_eq!(
+                tags(&replies).chars().last(),
+                Some('Z'),
+                "{fence}{}: {replies:?}",
+                &sql[..40]
+            );
+        }
+        assert_eq!(bystander.query_one("SELECT 7", &[]).await.unwrap().get::<_, i32>(0), 7);
+    }
+}
