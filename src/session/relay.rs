@@ -26,7 +26,8 @@ const SMALL_MESSAGE: usize = 64 * 1024;
 /// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse, ParameterStatus) up to this size.
 const SERVER_INSPECT: usize = 1024 * 1024;
 /// Postgres' largest acceptable message length, length word included (`PQ_LARGE_MESSAGE_LIMIT`):
-/// it ends a session that sends more, even as streamed COPY data.
+/// it ends a session that sends more, even as streamed COPY data. Also the bound of the
+/// Queries pgfence builds, whose length word could not hold more.
 const PG_MESSAGE_LIMIT: usize = 0x3fff_fffe;
 /// Buffers grown past this are released once empty.
 const SHRINK_ABOVE: usize = 1024 * 1024;
@@ -99,7 +100,11 @@ impl Emitter {
             if !self.out.is_empty() {
                 w.write_all(&self.out).await?;
             }
-            self.out.clear();
+            if self.out.capacity() > SHRINK_ABOVE {
+                self.out = BytesMut::new();
+            } else {
+                self.out.clear();
+            }
             self.copying = false;
         } else if pos > 0 {
             w.write_all(&buf[..pos]).await?;
@@ -108,10 +113,43 @@ impl Emitter {
     }
 }
 
-async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> std::io::Result<usize> {
-    if buf.is_empty() && buf.capacity() > SHRINK_ABOVE {
-        *buf = BytesMut::with_capacity(READ_CHUNK);
+/// A read buffer that gives back what it grew to for one large message once that
+/// message is through, so an idle session keeps [`READ_CHUNK`], not its largest message.
+struct ReadBuf {
+    buf: BytesMut,
+    /// Grown past [`SHRINK_ABOVE`] since last released. (`BytesMut::capacity` counts
+    /// from the read position only, so it cannot tell.)
+    grown: bool,
+}
+
+impl ReadBuf {
+    fn new() -> Self {
+        Self {
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            grown: false,
+        }
     }
+
+    /// Drops the first `n` bytes, releasing the allocation once it is empty and grown.
+    fn consume(&mut self, n: usize) {
+        if self.grown && n == self.buf.len() {
+            self.buf = BytesMut::with_capacity(READ_CHUNK);
+            self.grown = false;
+        } else {
+            self.buf.advance(n);
+        }
+    }
+
+    /// Makes room for `need` more bytes of a message read whole.
+    fn reserve(&mut self, need: usize) {
+        if need > 0 {
+            self.grown |= self.buf.len() + need > SHRINK_ABOVE;
+            self.buf.reserve(need);
+        }
+    }
+}
+
+async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> std::io::Result<usize> {
     if buf.capacity() - buf.len() < READ_CHUNK / 2 {
         buf.reserve(READ_CHUNK);
     }
@@ -131,7 +169,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut rb = ReadBuf::new();
     let mut em = Emitter::new();
     let mut stream = 0usize;
     loop {
@@ -140,15 +178,15 @@ where
         let mut need = 0;
         {
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
-            while pos < buf.len() {
+            while pos < rb.buf.len() {
                 if stream > 0 {
-                    let n = stream.min(buf.len() - pos);
-                    em.forward(&buf, pos, pos + n);
+                    let n = stream.min(rb.buf.len() - pos);
+                    em.forward(&rb.buf, pos, pos + n);
                     pos += n;
                     stream -= n;
                     continue;
                 }
-                let h = match peek_header(&buf[pos..]) {
+                let h = match peek_header(&rb.buf[pos..]) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => return End::ClientProtocol(e.to_string()),
@@ -177,44 +215,42 @@ where
                     // Everything else streams; only its header is looked at.
                     _ => HEADER_LEN,
                 };
-                if buf.len() - pos < whole {
-                    need = whole - (buf.len() - pos);
+                if rb.buf.len() - pos < whole {
+                    need = whole - (rb.buf.len() - pos);
                     break;
                 }
                 disp.resync(&st);
-                let msg = &buf[pos..pos + whole];
+                let msg = &rb.buf[pos..pos + whole];
                 match handle_client_message(h.tag, msg, total, &mut st, disp) {
                     Ok(Action::Forward) => {}
                     Ok(Action::Replace(bytes)) => {
-                        em.insert(&buf, pos, &bytes);
-                        em.skip(&buf, pos);
+                        em.insert(&rb.buf, pos, &bytes);
+                        em.skip(&rb.buf, pos);
                         pos += total;
                         continue;
                     }
-                    Ok(Action::Prefix(bytes)) => em.insert(&buf, pos, &bytes),
+                    Ok(Action::Prefix(bytes)) => em.insert(&rb.buf, pos, &bytes),
                     Ok(Action::Terminate) => terminated = true,
                     Err(reason) => return End::ClientProtocol(reason),
                 }
                 stream = total;
                 if terminated {
-                    let n = stream.min(buf.len() - pos);
-                    em.forward(&buf, pos, pos + n);
+                    let n = stream.min(rb.buf.len() - pos);
+                    em.forward(&rb.buf, pos, pos + n);
                     pos += n;
                     break;
                 }
             }
         }
-        if let Err(e) = em.flush(uw, &buf, pos).await {
+        if let Err(e) = em.flush(uw, &rb.buf, pos).await {
             return End::Io(e);
         }
-        buf.advance(pos);
+        rb.consume(pos);
         if terminated {
             return End::ClientTerminated;
         }
-        if need > 0 {
-            buf.reserve(need);
-        }
-        match fill(cr, &mut buf).await {
+        rb.reserve(need);
+        match fill(cr, &mut rb.buf).await {
             Ok(0) => return End::ClientGone,
             Ok(_) => {}
             Err(e) => return End::Io(e),
@@ -255,6 +291,11 @@ fn handle_client_message(
             let Some(new) = disp.on_query(st, &text, exact) else {
                 return Ok(Action::Forward);
             };
+            if HEADER_LEN + new.len() + 1 > PG_MESSAGE_LIMIT {
+                // Only with max_message_size near its 1 GiB ceiling and a text of many
+                // short fenced writes, each of which gets a guard.
+                return Err("the query with pgfence's guards exceeds the protocol's message limit".into());
+            }
             let mut out = BytesMut::with_capacity(new.len() + 6);
             crate::protocol::codec::query(&mut out, &new);
             Ok(Action::Replace(out))
@@ -346,7 +387,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut rb = ReadBuf::new();
     let mut em = Emitter::new();
     // Bytes of the current message still to come, and whether they are forwarded.
     let mut stream = (0usize, true);
@@ -358,19 +399,19 @@ where
         let violation;
         {
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
-            while pos < buf.len() {
+            while pos < rb.buf.len() {
                 if stream.0 > 0 {
-                    let n = stream.0.min(buf.len() - pos);
+                    let n = stream.0.min(rb.buf.len() - pos);
                     if stream.1 {
-                        em.forward(&buf, pos, pos + n);
+                        em.forward(&rb.buf, pos, pos + n);
                     } else {
-                        em.skip(&buf, pos);
+                        em.skip(&rb.buf, pos);
                     }
                     pos += n;
                     stream.0 -= n;
                     continue;
                 }
-                let h = match peek_header(&buf[pos..]) {
+                let h = match peek_header(&rb.buf[pos..]) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(_) => return End::UpstreamProtocol,
@@ -378,14 +419,14 @@ where
                 let total = h.total_len();
                 last_error = h.tag == b'E';
                 if matches!(h.tag, b'Z' | b'C' | b'E' | b'S') && h.body_len <= SERVER_INSPECT {
-                    if buf.len() - pos < total {
-                        need = total - (buf.len() - pos);
+                    if rb.buf.len() - pos < total {
+                        need = total - (rb.buf.len() - pos);
                         break;
                     }
-                    match st.on_server_message(h.tag, Some(&buf[pos + HEADER_LEN..pos + total])) {
-                        Verdict::Forward => em.forward(&buf, pos, pos + total),
-                        Verdict::Swallow => em.skip(&buf, pos),
-                        Verdict::Replace(bytes) => em.insert(&buf, pos, &bytes),
+                    match st.on_server_message(h.tag, Some(&rb.buf[pos + HEADER_LEN..pos + total])) {
+                        Verdict::Forward => em.forward(&rb.buf, pos, pos + total),
+                        Verdict::Swallow => em.skip(&rb.buf, pos),
+                        Verdict::Replace(bytes) => em.insert(&rb.buf, pos, &bytes),
                     }
                     pos += total;
                 } else {
@@ -393,7 +434,7 @@ where
                         Verdict::Forward => true,
                         Verdict::Swallow => false,
                         Verdict::Replace(bytes) => {
-                            em.insert(&buf, pos, &bytes);
+                            em.insert(&rb.buf, pos, &bytes);
                             false
                         }
                     };
@@ -410,24 +451,22 @@ where
         if let Some(reason) = violation {
             // What came before the message that broke the session is the client's; it
             // ends where that message starts.
-            if em.flush(cw, &buf, pos).await.is_ok() {
+            if em.flush(cw, &rb.buf, pos).await.is_ok() {
                 mid_message.store(false, Ordering::Relaxed);
             }
             return End::ClientProtocol(reason);
         }
-        if let Err(e) = em.flush(cw, &buf, pos).await {
+        if let Err(e) = em.flush(cw, &rb.buf, pos).await {
             return End::Io(e);
         }
         // A forwarded message still streaming has been written in part.
         mid_message.store(stream.0 > 0 && stream.1, Ordering::Relaxed);
-        buf.advance(pos);
+        rb.consume(pos);
         if drained {
             return End::Drained;
         }
-        if need > 0 {
-            buf.reserve(need);
-        }
-        match fill(ur, &mut buf).await {
+        rb.reserve(need);
+        match fill(ur, &mut rb.buf).await {
             Ok(0) => {
                 return End::UpstreamGone {
                     after_error: last_error,

@@ -373,7 +373,7 @@ pub struct Shared {
     /// A Sync sent before the `G` counts only when CopyData came before it
     /// (`Unit::Sync::after_copy_data`): one sent with the COPY's Execute, as libpq and
     /// tokio-postgres send one, is read before any data.
-    pub copy_syncs: u32,
+    pub copy_syncs: u64,
     /// CopyData was sent since the last Query or Execute while Postgres was not known to
     /// be copying (a client that sends rows without waiting for the `G`).
     pub copy_data_early: bool,
@@ -575,7 +575,7 @@ impl Shared {
             match self.pending.get(1) {
                 Some(&Unit::Sync { after_copy_data }) => {
                     self.pending.remove(1);
-                    self.copy_syncs += u32::from(after_copy_data);
+                    self.copy_syncs += u64::from(after_copy_data);
                     // Counted as sent when dispatched: answered now, as it never will be.
                     self.answered += 1;
                 }

@@ -208,3 +208,58 @@ async fn the_deepest_statement_pgfence_parses_fails_alone() {
         assert_eq!(bystander.query_one("SELECT 7", &[]).await.unwrap().get::<_, i32>(0), 7);
     }
 }
+
+/// The proxy's resident memory (VmRSS), in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A Query is read whole, so its buffer grows to its size; an idle session must not keep
+/// that, nor the copy of it made when pgfence put a guard before it. Messages of 40 MB are
+/// above glibc's largest mmap threshold, so what is freed leaves the process.
+#[tokio::test]
+async fn idle_sessions_give_back_the_buffers_of_large_messages() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE big (v text)").await.unwrap();
+    let fence = "[[fence]]\nname = \"big\"\ntables = [\"big\"]\n";
+    crate::fencing::install(&mut admin, cluster.port(), fence).await;
+    let proxy = crate::common::proxy::ProxyProcess::start_for(cluster.port(), fence);
+    let pad = "x".repeat(40 << 20);
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let (raw, _) = Raw::startup(
+            proxy.port(),
+            &[
+                ("user", "postgres"),
+                ("database", &db),
+                ("options", "-c pgfence.epoch=1"),
+            ],
+        )
+        .await;
+        sessions.push(raw);
+    }
+    let before = rss(proxy.pid());
+    for raw in &mut sessions {
+        // A read, forwarded as it came; a fenced write, sent with the guard before it.
+        for sql in [
+            format!("SELECT length('{pad}')"),
+            format!("INSERT INTO big VALUES ('{pad}')"),
+        ] {
+            let replies = raw.simple(&sql).await;
+            assert_eq!(tags(&replies).chars().last(), Some('Z'), "{replies:?}");
+            assert!(codes(&replies).is_empty(), "{replies:?}");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let grown = rss(proxy.pid()).saturating_sub(before);
+    // Kept, each of the three would hold 80 MB.
+    assert!(grown < 40 << 20, "idle sessions hold {} MiB more", grown >> 20);
+}

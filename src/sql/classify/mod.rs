@@ -271,6 +271,10 @@ impl Analyzer {
     /// Analyses `sql`, keeping the result if sqlparser had to run (then also says so).
     fn analyze_uncached(&mut self, sql: &str) -> (Arc<Analysis>, bool) {
         let (analysis, parsed) = analyze_with(sql, &self.fences, self.lexing, &mut self.lower);
+        if self.lower.capacity() > LOWER_KEEP {
+            // One huge text must not leave its copy with the database's analyzer.
+            self.lower = Vec::new();
+        }
         let analysis = Arc::new(analysis);
         let keep = parsed && sql.len() <= CACHE_MAX_TEXT;
         if keep {
@@ -280,6 +284,8 @@ impl Analyzer {
     }
 }
 
+/// The lower-cased copy's buffer is kept between texts up to this size.
+const LOWER_KEEP: usize = 1024 * 1024;
 /// How deep `EXPLAIN`/`COPY (…)`/`PREPARE` may nest before we stop looking.
 const MAX_DEPTH: usize = 8;
 /// Longer statements skip sqlparser (~90 ns/byte) for the token fallback.
