@@ -685,7 +685,11 @@ impl Dispatcher {
         shared.copy_data_early = false;
         if shared.copy_in {
             shared.copy_in = false;
-        } else {
+        } else if !matches!(shared.pending.back(), None | Some(Unit::CopyEnd)) {
+            // Only a COPY still to start can take it. With nothing in flight, or right
+            // after another CopyDone or CopyFail, Postgres drops it without a reply, and a
+            // unit for it would wait for one: a client sending nothing else would grow
+            // the queue without bound.
             shared.pending.push_back(Unit::CopyEnd);
         }
     }

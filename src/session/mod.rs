@@ -92,8 +92,12 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
         let mut grace = pin!(grace);
         let mut drain = OnWake::new(ctx.drain.cancelled());
         loop {
+            // Not biased: both directions run in this one task, and once a direction used
+            // up tokio's per-poll budget (a client flooding messages), the other's reads in
+            // the same poll fail too. A fixed order would then starve the upstream's
+            // replies for as long as the client sends; tokio picks the first branch anew
+            // on every poll.
             tokio::select! {
-                biased;
                 end = &mut c2u => break end,
                 end = &mut u2c => break end,
                 () = &mut drain, if !draining => {

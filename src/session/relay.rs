@@ -221,7 +221,9 @@ where
                 }
                 disp.resync(&st);
                 let msg = &rb.buf[pos..pos + whole];
-                match handle_client_message(h.tag, msg, total, &mut st, disp) {
+                let handled = handle_client_message(h.tag, msg, total, &mut st, disp);
+                st.drop_skipped();
+                match handled {
                     Ok(Action::Forward) => {}
                     Ok(Action::Replace(bytes)) => {
                         em.insert(&rb.buf, pos, &bytes);

@@ -313,6 +313,9 @@ impl Reported {
     }
 }
 
+/// Room for pending units kept once the queue is empty.
+const PENDING_KEEP: usize = 4096;
+
 /// State shared by both directions of one session. Never held across an await.
 #[derive(Debug, Default)]
 pub struct Shared {
@@ -834,11 +837,21 @@ impl Shared {
             })
     }
 
-    /// Units Postgres skipped after an error get no reply.
-    fn drop_skipped(&mut self) {
+    /// Units Postgres skipped after an error get no reply. Called for every server
+    /// message, and for every client message sent while Postgres is skipping: until a
+    /// Sync reaches it, what the client sends gets no reply, and units for it would
+    /// wait for one (a client that never sends that Sync would grow them without bound).
+    pub fn drop_skipped(&mut self) {
         while self.skipping {
             match self.pending.front() {
-                Some(Unit::Sync { .. }) | None => break,
+                Some(Unit::Sync { .. }) => break,
+                None => {
+                    if self.pending.capacity() > PENDING_KEEP {
+                        // A flood that came before the error did is gone: so is its room.
+                        self.pending = VecDeque::new();
+                    }
+                    break;
+                }
                 Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) => {
                     self.own.insert(*s, Prepared::No);
                     self.pending.pop_front();

@@ -263,3 +263,37 @@ async fn idle_sessions_give_back_the_buffers_of_large_messages() {
     // Kept, each of the three would hold 80 MB.
     assert!(grown < 40 << 20, "idle sessions hold {} MiB more", grown >> 20);
 }
+
+/// Messages Postgres answers with nothing must cost pgfence nothing to remember: CopyDone
+/// with no COPY, and whatever follows an error until the Sync. Before, each kept a 64-byte
+/// record until a reply that never came.
+#[tokio::test]
+async fn messages_postgres_never_answers_are_not_remembered() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let proxy = crate::common::proxy::ProxyProcess::start_for(cluster.port(), "");
+    let bystander = connect(proxy.port(), &db, "").await;
+    let before = rss(proxy.pid());
+    let copy_done = message(b'c', b"");
+    let describe = message(b'D', b"P\0");
+    for flood in [copy_done, describe] {
+        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+        if flood[0] == b'D' {
+            // A Parse that fails: Postgres skips what follows until a Sync.
+            raw.send(&crate::common::raw::parse("", "SELEC 1")).await;
+        }
+        let chunk = flood.repeat(100_000);
+        for _ in 0..40 {
+            raw.send(&chunk).await;
+        }
+        // Four million messages later, the session still answers as Postgres does.
+        raw.send(&crate::common::raw::sync()).await;
+        let replies = raw.read_until(|m| m.tag == b'Z').await;
+        let expected = if flood[0] == b'D' { "EZ" } else { "Z" };
+        assert_eq!(tags(&replies), expected, "{replies:?}");
+    }
+    let grown = rss(proxy.pid()).saturating_sub(before);
+    // Remembered, the four million would take 244 MiB.
+    assert!(grown < 100 << 20, "{} MiB for unanswered messages", grown >> 20);
+    assert_eq!(bystander.query_one("SELECT 7", &[]).await.unwrap().get::<_, i32>(0), 7);
+}
