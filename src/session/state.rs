@@ -171,6 +171,8 @@ pub struct Definition {
     pub batch: u64,
     /// What it does.
     pub analysis: Arc<Analysis>,
+    /// It stands for several definitions merged (`MAX_DEFINITIONS`).
+    pub merged: bool,
 }
 
 /// At most this many unconfirmed definitions are kept per name; beyond, the name may
@@ -476,9 +478,21 @@ impl Shared {
                     }
                     b'E' => {
                         self.tx_error = true;
-                        // The rest of the string is not executed.
+                        // The rest of the string is not executed: its `PREPARE`s, this one's
+                        // included, define nothing (latest first, as each is its name's last).
+                        let unmade: Vec<Defined> = parts[*done..]
+                            .iter()
+                            .rev()
+                            .filter_map(|p| match &p.effect {
+                                Some(Effect::Prepared(d)) => Some(d.clone()),
+                                _ => None,
+                            })
+                            .collect();
                         *done = parts.len();
                         let positions = positions.take();
+                        for d in &unmade {
+                            self.forget_failed(d);
+                        }
                         let verdict = self.error_verdict(injected, body);
                         self.with_client_position(verdict, positions, body)
                     }
@@ -706,23 +720,27 @@ impl Shared {
                 id: newest.0,
                 batch: newest.1,
                 analysis: Arc::new(Analysis::of_kind(anything)),
+                merged: true,
             });
         }
-        defs.push(Definition { id, batch, analysis });
+        defs.push(Definition {
+            id,
+            batch,
+            analysis,
+            merged: false,
+        });
         Defined {
             name: name.to_owned(),
             id,
         }
     }
 
-    /// A Parse of definition `d` failed or was skipped: Postgres does not hold it. Only
-    /// when it is still the name's newest: an older entry may stand for several
-    /// definitions merged (`MAX_DEFINITIONS`), so it stays.
+    /// A Parse or `PREPARE` of definition `d` failed or was skipped: Postgres does not
+    /// hold it. Later ones of the name may have been sent already (a pipeline), so it is
+    /// looked for among all; one merged with others (`MAX_DEFINITIONS`) stays.
     fn forget_failed(&mut self, d: &Defined) {
-        if let Some(defs) = self.statements.get_mut(&d.name)
-            && defs.last().is_some_and(|def| def.id == d.id)
-        {
-            defs.pop();
+        if let Some(defs) = self.statements.get_mut(&d.name) {
+            defs.retain(|def| def.id != d.id || def.merged);
             if defs.is_empty() {
                 self.statements.remove(&d.name);
             }

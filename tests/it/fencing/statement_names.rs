@@ -300,3 +300,35 @@ async fn a_refused_or_skipped_parse_defines_nothing() {
     }
     assert_eq!(f.note().await.0, "init");
 }
+
+/// A `PREPARE` after the failing statement of a string never runs, nor does a failing
+/// `PREPARE` define anything: reading the name afterwards runs what Postgres still holds,
+/// a read here, which needs no epoch. Before, the unmade definitions stayed candidates
+/// for the name for the whole session, so the read was refused (PF002) as a possible write.
+#[tokio::test]
+async fn prepares_of_a_failed_query_string_define_nothing() {
+    let f = Fixture::at_epoch_two().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let (mut s, msgs) = Raw::startup(port, &[("user", "postgres"), ("database", f.db.as_str())]).await;
+        assert_eq!(msgs.last().map(|m| m.tag), Some(b'Z'), "{msgs:?}");
+        let setup = [
+            q("PREPARE r AS SELECT 1"),
+            q(&format!("SELECT 1/0; PREPARE r AS {WRITE}; PREPARE w AS {WRITE}")),
+            q(&format!("PREPARE r AS {WRITE}")),
+        ];
+        assert_eq!(
+            run(&mut s, &setup, 3).await,
+            [vec![], vec!["22012".to_owned()], vec!["42P05".to_owned()]]
+        );
+        let got = run(&mut s, &[q("EXECUTE r"), run_named("r").concat()], 2).await;
+        assert_eq!(
+            got,
+            [Vec::<String>::new(), vec![]],
+            "through pgfence: {}",
+            port == f.proxy.port()
+        );
+        // `w` was never made: Postgres says so, as pgfence lets it.
+        assert_eq!(run(&mut s, &[q("EXECUTE w")], 1).await, [["26000"]]);
+    }
+    assert_eq!(f.note().await.0, "init");
+}
