@@ -12,6 +12,8 @@
 //!   savepoint was defined (session and `SET LOCAL` values alike), `RELEASE`
 //!   keeps them.
 
+use std::sync::Arc;
+
 use crate::fence::epoch::Epoch;
 use crate::sql::classify::SavepointOp;
 
@@ -102,8 +104,8 @@ pub struct Declarations {
     pub epoch: Setting<Epoch>,
     /// `pgfence.fence`.
     pub fence: Setting<String>,
-    /// The open transaction's savepoints, innermost last.
-    savepoints: Vec<Savepoint>,
+    /// The open transaction's savepoints.
+    savepoints: Savepoints,
 }
 
 /// A savepoint and the declarations in force when it was defined.
@@ -114,13 +116,81 @@ struct Savepoint {
     fence: Setting<String>,
 }
 
+/// Savepoints, innermost first, as a list whose tails are shared: declarations are
+/// copied before every client message (the dispatcher's speculative view), and a copy
+/// must cost the same whatever the depth a client nested savepoints to. Dropped and
+/// compared without recursion, so no depth can exhaust the stack either.
+#[derive(Clone, Default)]
+struct Savepoints(Option<Arc<Node>>);
+
+struct Node {
+    savepoint: Savepoint,
+    outer: Savepoints,
+}
+
+impl Savepoints {
+    fn push(&mut self, savepoint: Savepoint) {
+        let outer = std::mem::take(self);
+        self.0 = Some(Arc::new(Node { savepoint, outer }));
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
+        std::iter::successors(self.0.as_ref(), |n| n.outer.0.as_ref())
+    }
+
+    /// The innermost savepoint named `name`, with the ones outside it.
+    fn find(&self, name: &str) -> Option<Savepoints> {
+        self.nodes()
+            .find(|n| n.savepoint.name == name)
+            .map(|n| Savepoints(Some(Arc::clone(n))))
+    }
+}
+
+impl Drop for Savepoints {
+    fn drop(&mut self) {
+        // Unlinks node by node while this list is the only owner; a tail another copy
+        // still holds is left to it.
+        let mut next = self.0.take();
+        while let Some(node) = next {
+            next = match Arc::try_unwrap(node) {
+                Ok(mut node) => node.outer.0.take(),
+                Err(_) => None,
+            };
+        }
+    }
+}
+
+impl PartialEq for Savepoints {
+    fn eq(&self, other: &Self) -> bool {
+        let (mut a, mut b) = (self.0.as_ref(), other.0.as_ref());
+        loop {
+            match (a, b) {
+                (None, None) => return true,
+                (Some(x), Some(y)) if Arc::ptr_eq(x, y) => return true,
+                (Some(x), Some(y)) if x.savepoint == y.savepoint => {
+                    (a, b) = (x.outer.0.as_ref(), y.outer.0.as_ref());
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
+impl Eq for Savepoints {}
+
+impl std::fmt::Debug for Savepoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.nodes().map(|n| &n.savepoint)).finish()
+    }
+}
+
 impl Declarations {
     /// Declarations from the startup packet.
     pub fn from_startup(epoch: Option<Epoch>, fence: Option<String>) -> Self {
         Self {
             epoch: Setting::with_startup(epoch),
             fence: Setting::with_startup(fence),
-            savepoints: Vec::new(),
+            savepoints: Savepoints::default(),
         }
     }
 
@@ -128,7 +198,6 @@ impl Declarations {
     /// innermost savepoint of that name is meant. An unknown name changes nothing
     /// (Postgres refused the command).
     pub fn savepoint(&mut self, op: &SavepointOp) {
-        let find = |name: &str| self.savepoints.iter().rposition(|s| s.name == name);
         match op {
             SavepointOp::Define(name) => self.savepoints.push(Savepoint {
                 name: name.clone(),
@@ -136,17 +205,19 @@ impl Declarations {
                 fence: self.fence.clone(),
             }),
             SavepointOp::Release(name) => {
-                if let Some(i) = find(name) {
-                    self.savepoints.truncate(i);
+                if let Some(found) = self.savepoints.find(name) {
+                    let outer = found.0.as_ref().map(|n| n.outer.clone()).unwrap_or_default();
+                    self.savepoints = outer;
                 }
             }
             SavepointOp::RollbackTo(name) => {
-                if let Some(i) = find(name) {
+                if let Some(found) = self.savepoints.find(name) {
                     // The savepoint itself stays defined.
-                    self.savepoints.truncate(i + 1);
-                    let s = &self.savepoints[i];
-                    self.epoch = s.epoch.clone();
-                    self.fence = s.fence.clone();
+                    if let Some(n) = &found.0 {
+                        self.epoch = n.savepoint.epoch.clone();
+                        self.fence = n.savepoint.fence.clone();
+                    }
+                    self.savepoints = found;
                 }
             }
         }
@@ -154,7 +225,7 @@ impl Declarations {
 
     /// The transaction ended: committed or rolled back.
     pub fn end_transaction(&mut self, committed: bool) {
-        self.savepoints.clear();
+        self.savepoints = Savepoints::default();
         if committed {
             self.epoch.commit();
             self.fence.commit();
@@ -181,6 +252,51 @@ mod tests {
 
     fn sp(op: fn(String) -> SavepointOp, name: &str) -> SavepointOp {
         op(name.to_owned())
+    }
+
+    /// The dispatcher copies declarations before every message; a client may nest
+    /// savepoints as deep as it likes. Copies share the savepoints, and neither dropping
+    /// nor comparing a deep stack recurses (a test thread has a 2 MiB stack).
+    #[test]
+    fn a_million_savepoints_copy_compare_and_drop_without_recursion() {
+        let nested = || {
+            let mut d = Declarations::from_startup(e(1), None);
+            for i in 0..1_000_000u64 {
+                d.savepoint(&sp(SavepointOp::Define, &format!("s{i}")));
+                if i == 0 {
+                    d.epoch.set(Scope::Session, e(2));
+                }
+            }
+            d
+        };
+        let mut d = nested();
+        let copy = d.clone();
+        assert!(Arc::ptr_eq(
+            copy.savepoints.0.as_ref().unwrap(),
+            d.savepoints.0.as_ref().unwrap()
+        ));
+        assert_eq!(copy, d);
+        drop(copy);
+        let other = nested();
+        assert_eq!(other, d, "equal without sharing: compared node by node");
+        drop(other);
+        d.epoch.set(Scope::Session, e(3));
+        let mut copy = d.clone();
+        // Releasing one in the middle forgets it and every one inside it.
+        d.savepoint(&sp(SavepointOp::Release, "s500000"));
+        d.savepoint(&sp(SavepointOp::RollbackTo, "s999999"));
+        assert_eq!(d.epoch.current(), e(3).as_ref(), "s999999 went with s500000");
+        d.savepoint(&sp(SavepointOp::RollbackTo, "s499999"));
+        assert_eq!(d.epoch.current(), e(2).as_ref());
+        d.savepoint(&sp(SavepointOp::RollbackTo, "s0"));
+        assert_eq!(d.epoch.current(), e(1).as_ref());
+        // The copy taken before still has them all.
+        copy.savepoint(&sp(SavepointOp::RollbackTo, "s999999"));
+        assert_eq!(copy.epoch.current(), e(2).as_ref());
+        assert_ne!(copy, d);
+        drop(copy);
+        d.end_transaction(false);
+        assert_eq!(d.savepoints, Savepoints::default());
     }
 
     #[test]
