@@ -30,17 +30,34 @@ pub fn split_with(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
     split_checked(sql, lexing).0
 }
 
-/// [`split_with`], and whether the `BEGIN`/`CASE`/`END` rule of routine bodies decided
-/// anything: then the spans may not be Postgres' statements.
+/// Statements told apart in one text; a text with more is taken whole (see [`split_checked`]).
+pub const MAX_STATEMENTS: usize = 100_000;
+
+/// [`split_with`], and whether the spans may not be Postgres' statements: the
+/// `BEGIN`/`CASE`/`END` rule of routine bodies decided anything, or the text has more than
+/// [`MAX_STATEMENTS`] (the last span then runs to the end).
 pub fn split_checked(sql: &str, lexing: Lexing) -> (Vec<Range<usize>>, bool) {
-    let mut out = Vec::new();
+    let mut out: Vec<Range<usize>> = Vec::new();
     let mut cur = Piece::default();
     let mut uncertain = false;
+    // Past MAX_STATEMENTS the rest joins the last span: one message of millions of
+    // statements (`a;a;…` within max_message_size) would otherwise cost a record each.
+    let push = |out: &mut Vec<Range<usize>>, span: Range<usize>| {
+        if out.len() < MAX_STATEMENTS {
+            out.push(span);
+            false
+        } else {
+            if let Some(last) = out.last_mut() {
+                last.end = span.end;
+            }
+            true
+        }
+    };
     for tok in Lexer::new(sql, lexing) {
         if tok.kind == TokenKind::Punct(b';') && cur.parens == 0 && cur.blocks == 0 {
             uncertain |= cur.blocky;
             if let Some(span) = cur.span.take() {
-                out.push(span);
+                uncertain |= push(&mut out, span);
             }
             cur = Piece::default();
             continue;
@@ -58,7 +75,7 @@ pub fn split_checked(sql: &str, lexing: Lexing) -> (Vec<Range<usize>>, bool) {
     }
     uncertain |= cur.blocky;
     if let Some(span) = cur.span {
-        out.push(span);
+        uncertain |= push(&mut out, span);
     }
     (out, uncertain)
 }

@@ -165,6 +165,7 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
         fences,
         lexing,
         parsed: false,
+        parse_budget: PARSE_BUDGET,
     };
     let (spans, uncertain) = split::split_checked(sql, lexing);
     if uncertain && let (Some(first), Some(last)) = (spans.first(), spans.last()) {
@@ -290,6 +291,10 @@ const LOWER_KEEP: usize = 1024 * 1024;
 const MAX_DEPTH: usize = 8;
 /// Longer statements skip sqlparser (~90 ns/byte) for the token fallback.
 pub(crate) const MAX_PARSE_BYTES: usize = 64 * 1024;
+/// What sqlparser reads of one text, over all its statements; the statements past it
+/// take the token fallback too. Analysis runs on the session's thread, shared with
+/// other sessions: a message of many large statements must not hold it for seconds.
+const PARSE_BUDGET: usize = 4 * 1024 * 1024;
 
 /// Commands that never change a table's rows or definition.
 const NEVER_WRITE: &[&str] = &[
@@ -336,6 +341,8 @@ struct Ctx<'a> {
     fences: &'a FenceSet,
     lexing: Lexing,
     parsed: bool,
+    /// Bytes sqlparser may still read for this text ([`PARSE_BUDGET`]).
+    parse_budget: usize,
 }
 
 impl<'a> Ctx<'a> {
@@ -395,9 +402,10 @@ impl<'a> Ctx<'a> {
         if let Some(kind) = self.plain_dml(&span, first) {
             return kind;
         }
-        if text.len() > MAX_PARSE_BYTES || lex::sqlparser_misreads(text, self.lexing) {
+        if text.len() > MAX_PARSE_BYTES.min(self.parse_budget) || lex::sqlparser_misreads(text, self.lexing) {
             return self.fallback(&span, first);
         }
+        self.parse_budget -= text.len();
         self.parsed = true;
         match ast::parse(text) {
             Some(stmt) => match ast::classify(&stmt, self.fences) {

@@ -698,6 +698,7 @@ fn plain_dml_targets_agree_with_the_parser() {
             fences: &f,
             lexing: Lexing::default(),
             parsed: false,
+            parse_budget: PARSE_BUDGET,
         };
         let first = split::first_word(sql, Lexing::default()).unwrap().to_ascii_lowercase();
         let fast = ctx
@@ -712,4 +713,44 @@ fn plain_dml_targets_agree_with_the_parser() {
         assert!(!hits.unknown, "{sql}");
         assert_eq!(render(&fast), render(&hits.into_write(&f)), "{sql}");
     }
+}
+
+/// Past `MAX_STATEMENTS` a text is taken whole: PF004 if it may name a fenced table,
+/// passed on otherwise, instead of a record for each of millions of statements.
+#[test]
+fn a_text_of_too_many_statements_is_taken_whole() {
+    let f = fences();
+    let many = "select 1;".repeat(split::MAX_STATEMENTS);
+    let under = analyze(&many, &f);
+    assert_eq!(under.statements.len(), split::MAX_STATEMENTS);
+    assert!(!under.uncertain);
+    for (tail, expected) in [("select 2", "other"), ("delete from invoices", "pf004:0")] {
+        let text = format!("{many}{tail}");
+        let a = analyze(&text, &f);
+        assert!(a.uncertain, "{tail}");
+        let kinds: Vec<String> = a.statements.iter().map(|s| render(&s.kind)).collect();
+        assert_eq!(kinds, [expected], "{tail}");
+        assert_eq!(a.statements[0].span, 0..text.len());
+    }
+}
+
+/// sqlparser reads at most `PARSE_BUDGET` bytes of one text; later statements that need
+/// it take the token fallback, as a statement over `MAX_PARSE_BYTES` does: a write in a
+/// WITH is then PF004 (fail closed) instead of a write the parser found.
+#[test]
+fn statements_past_the_parse_budget_take_the_token_fallback() {
+    let f = fences();
+    let pad = "x".repeat(60 * 1024);
+    let stmt = format!("with d as (delete from invoices returning *) select * from d where note = '{pad}';");
+    let n = PARSE_BUDGET / stmt.len() + 2;
+    let a = analyze(&stmt.repeat(n), &f);
+    let kinds: Vec<String> = a.statements.iter().map(|s| render(&s.kind)).collect();
+    assert_eq!(kinds.len(), n);
+    let parsed = PARSE_BUDGET / (stmt.len() - 1);
+    assert!(
+        kinds[..parsed].iter().all(|k| k == "write:invoices"),
+        "{:?}",
+        &kinds[..parsed]
+    );
+    assert!(kinds[parsed..].iter().all(|k| k == "pf004:0"), "{:?}", &kinds[parsed..]);
 }
