@@ -89,6 +89,9 @@ pub struct Dispatcher {
     /// it again would not only cost a statement: a completed statement makes what a
     /// suspended portal changed visible to the next one, which Postgres does not.
     batch_guard: Option<(u64, FenceId, Epoch)>,
+    /// Bytes of rewrite-mode statements the current client message may still have
+    /// rewritten ([`super::rewriting::REWRITE_BUDGET`]).
+    pub(super) rewrite_budget: std::cell::Cell<usize>,
 }
 
 impl Dispatcher {
@@ -104,11 +107,13 @@ impl Dispatcher {
             batch: 0,
             dealloc_until: 0,
             batch_guard: None,
+            rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
         }
     }
 
     /// Called before each client message is handled.
     pub fn resync(&mut self, shared: &Shared) {
+        self.rewrite_budget.set(super::rewriting::REWRITE_BUDGET);
         if shared.pending.is_empty() {
             self.speculative = shared.declared.clone();
             if shared.tx_status == b'I' && !self.rw_portals.is_empty() {
