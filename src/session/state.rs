@@ -479,10 +479,11 @@ impl Shared {
                     b'E' => {
                         self.tx_error = true;
                         // The rest of the string is not executed: its `PREPARE`s, this one's
-                        // included, define nothing (latest first, as each is its name's last).
-                        let unmade: Vec<Defined> = parts[*done..]
+                        // included, define nothing. (`parts` is empty when no statement has
+                        // an effect, while `done` still counts the completed ones.)
+                        let unmade: Vec<Defined> = parts
                             .iter()
-                            .rev()
+                            .skip(*done)
                             .filter_map(|p| match &p.effect {
                                 Some(Effect::Prepared(d)) => Some(d.clone()),
                                 _ => None,
