@@ -170,7 +170,7 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
     let (spans, uncertain) = split::split_checked(sql, lexing);
     if uncertain && let (Some(first), Some(last)) = (spans.first(), spans.last()) {
         let span = first.start..last.end;
-        let kind = ctx.unanalysable_if_named(&span);
+        let kind = ctx.whole_text_kind(&span);
         let statements = vec![Stmt { span, kind }];
         return (Analysis { statements, uncertain }, ctx.parsed);
     }
@@ -464,6 +464,32 @@ impl<'a> Ctx<'a> {
     fn may_name_fence(&self, span: &Range<usize>) -> bool {
         let lower = self.lower.get(span.clone()).unwrap_or(&[]);
         !self.fences.is_empty() && (self.fences.mentioned_in(lower) || self.may_spell_any_name(span))
+    }
+
+    /// A text taken whole, its statements not told apart (psql's routine-body rule
+    /// decided, or there are more than `split::MAX_STATEMENTS`): refused if any part of it
+    /// may write a fenced table. Beyond a name of one, that is whatever can write tables
+    /// it does not name (`EXECUTE` of a prepared statement; `DROP`, `ALTER` or `TRUNCATE`
+    /// with CASCADE, OWNED or a schema) and a declaration pgfence would not see.
+    fn whole_text_kind(&self, span: &Range<usize>) -> StmtKind {
+        if self.fences.is_empty() {
+            return StmtKind::Other;
+        }
+        let text = self.text(span);
+        let lower = self.lower.get(span.clone()).unwrap_or(&[]);
+        let unnamed = memchr::memmem::find(lower, b"pgfence").is_some()
+            || Lexer::new(text, self.lexing).any(|tok| {
+                tok.kind == TokenKind::Word
+                    && matches!(lower.get(tok.span), Some(b"execute" | b"drop" | b"alter" | b"truncate"))
+            });
+        if unnamed {
+            let all = Hits {
+                all: true,
+                ..Hits::default()
+            };
+            return all.into_unanalysable(self.fences);
+        }
+        self.unanalysable_if_named(span)
     }
 
     /// Unanalysable if an identifier in the statement may name a fenced

@@ -754,3 +754,28 @@ fn statements_past_the_parse_budget_take_the_token_fallback() {
     );
     assert!(kinds[parsed..].iter().all(|k| k == "pf004:0"), "{:?}", &kinds[parsed..]);
 }
+
+/// A text taken whole is refused when any part of it can write a fenced table without
+/// naming it, or declares an epoch pgfence would not see; other texts pass.
+#[test]
+fn a_text_taken_whole_refuses_what_can_write_without_naming() {
+    let f = fences();
+    let many = "select 1;".repeat(split::MAX_STATEMENTS);
+    for (tail, expected) in [
+        ("execute w", "pf004:0,1,2"),
+        ("create table x as execute w", "pf004:0,1,2"),
+        ("drop schema public cascade", "pf004:0,1,2"),
+        ("alter table other rename to x", "pf004:0,1,2"),
+        ("truncate other cascade", "pf004:0,1,2"),
+        ("set pgfence.epoch = 3", "pf004:0,1,2"),
+        ("select 'execute' from other", "other"),
+        ("update other set a = 1", "other"),
+    ] {
+        let a = analyze(&format!("{many}{tail}"), &f);
+        let kinds: Vec<String> = a.statements.iter().map(|s| render(&s.kind)).collect();
+        assert_eq!(kinds, [expected], "{tail}");
+    }
+    // Without fences nothing is refused.
+    let a = analyze(&format!("{many}execute w"), &FenceSet::new(Vec::new()));
+    assert_eq!(render(&a.statements[0].kind), "other");
+}

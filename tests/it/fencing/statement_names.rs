@@ -332,3 +332,31 @@ async fn prepares_of_a_failed_query_string_define_nothing() {
     }
     assert_eq!(f.note().await.0, "init");
 }
+
+/// A text taken whole (more statements than pgfence tells apart, or split by psql's
+/// routine-body rule) names no fenced table, yet an `EXECUTE` in it runs a prepared
+/// write: refused (PF004), where straight to Postgres the stale write lands.
+#[tokio::test]
+async fn an_execute_inside_a_text_taken_whole_is_refused() {
+    let routine = "CREATE FUNCTION one() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END; EXECUTE w";
+    let many = format!("{}EXECUTE w", "SELECT 1;".repeat(100_000));
+    for (how, text) in [("routine body", routine.to_owned()), ("100 001 statements", many)] {
+        let f = Fixture::at_epoch_two().await;
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let direct = port == f.cluster.port();
+            let mut s = stale(&f, port).await;
+            assert_eq!(
+                run(&mut s, &[q(&format!("PREPARE w AS {WRITE}"))], 1).await,
+                [Vec::<String>::new()]
+            );
+            let got = run(&mut s, &[q(&text)], 1).await;
+            let (expected, note) = if direct {
+                (vec![], "stale")
+            } else {
+                (vec!["PF004".to_owned()], "init")
+            };
+            assert_eq!(got, [expected], "{how}, direct: {direct}");
+            assert_eq!(f.note().await.0, note, "{how}, direct: {direct}");
+        }
+    }
+}
