@@ -23,6 +23,10 @@ use crate::sql::Declaration;
 use crate::sql::FenceId;
 use crate::sql::classify::{Analysis, StmtKind};
 
+/// CopyDone or CopyFail units kept in a row for COPYs still to start (see
+/// [`Dispatcher::on_copy_end`]).
+const MAX_COPY_END_RUN: usize = 1024;
+
 /// What a statement asks of the fence, after SQL-level PREPARE/EXECUTE are resolved.
 enum Need {
     None,
@@ -131,6 +135,8 @@ impl Dispatcher {
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
         self.sent += 1;
         shared.copy_data_early = false;
+        // Postgres ends an implicit transaction left open by an Execute with this Query.
+        shared.unsynced = false;
         // The Query is a batch of its own, and what follows it up to a Sync another.
         let batch = self.batch + 1;
         self.batch += 2;
@@ -690,12 +696,20 @@ impl Dispatcher {
         shared.copy_data_early = false;
         if shared.copy_in {
             shared.copy_in = false;
-        } else if !matches!(shared.pending.back(), None | Some(Unit::CopyEnd)) {
-            // Only a COPY still to start can take it. With nothing in flight, or right
-            // after another CopyDone or CopyFail, Postgres drops it without a reply, and a
-            // unit for it would wait for one: a client sending nothing else would grow
-            // the queue without bound.
+            return;
+        }
+        // Only a COPY still to start can take it: with nothing in flight, Postgres drops it
+        // without a reply, and a unit for it would wait for one (a client sending nothing
+        // else would grow the queue without bound). Each COPY FROM STDIN of a string still
+        // in flight takes one, so a run of them is kept, up to a bound no string reaches.
+        let run = match shared.pending.back() {
+            None => return,
+            Some(Unit::CopyEnd) => shared.copy_ends_at_back,
+            Some(_) => 0,
+        };
+        if run < MAX_COPY_END_RUN {
             shared.pending.push_back(Unit::CopyEnd);
+            shared.copy_ends_at_back = run + 1;
         }
     }
 
@@ -709,6 +723,7 @@ impl Dispatcher {
 
     /// FunctionCall.
     pub fn on_function_call(&mut self, shared: &mut Shared) {
+        shared.unsynced = false;
         self.sent += 1;
         self.batch += 1;
         shared.pending.push_back(Unit::FunctionCall);

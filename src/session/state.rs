@@ -362,6 +362,8 @@ pub struct Shared {
     /// An Execute was sent since the last Sync: Postgres holds an implicit transaction
     /// open until that Sync comes, even once every reply is in.
     pub unsynced: bool,
+    /// CopyEnd units at the back of `pending` in a row, while the back one is a CopyEnd.
+    pub copy_ends_at_back: usize,
     /// Postgres is skipping messages until Sync after an error.
     skipping: bool,
     /// An error happened in the open transaction.
@@ -593,6 +595,9 @@ impl Shared {
             match self.pending.get(1) {
                 Some(&Unit::Sync { after_copy_data }) => {
                     self.pending.remove(1);
+                    // Postgres reads it in COPY mode and drops it: the transaction the
+                    // COPY runs in waits for a later Sync.
+                    self.unsynced = true;
                     self.copy_syncs += u64::from(after_copy_data);
                     // Counted as sent when dispatched: answered now, as it never will be.
                     self.answered += 1;
@@ -782,6 +787,7 @@ impl Shared {
     /// without a command tag (an implicit transaction) committed unless it failed.
     fn on_ready(&mut self, body: Option<&[u8]>) {
         self.answered += 1;
+        self.release_pending();
         let status = body.and_then(|b| b.first().copied()).unwrap_or(b'I');
         self.tx_status = status;
         if status == b'I' {
@@ -856,6 +862,14 @@ impl Shared {
             })
     }
 
+    /// An emptied queue that grew large (a deep pipeline, a flood skipped after an
+    /// error) gives its room back.
+    fn release_pending(&mut self) {
+        if self.pending.is_empty() && self.pending.capacity() > PENDING_KEEP {
+            self.pending = VecDeque::new();
+        }
+    }
+
     /// Units Postgres skipped after an error get no reply. Called for every server
     /// message, and for every client message sent while Postgres is skipping: until a
     /// Sync reaches it, what the client sends gets no reply, and units for it would
@@ -865,10 +879,7 @@ impl Shared {
             match self.pending.front() {
                 Some(Unit::Sync { .. }) => break,
                 None => {
-                    if self.pending.capacity() > PENDING_KEEP {
-                        // A flood that came before the error did is gone: so is its room.
-                        self.pending = VecDeque::new();
-                    }
+                    self.release_pending();
                     break;
                 }
                 Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) => {

@@ -297,3 +297,33 @@ async fn messages_postgres_never_answers_are_not_remembered() {
     assert!(grown < 100 << 20, "{} MiB for unanswered messages", grown >> 20);
     assert_eq!(bystander.query_one("SELECT 7", &[]).await.unwrap().get::<_, i32>(0), 7);
 }
+
+/// Two COPY FROM STDIN in one string, all their data sent before Postgres asks for it:
+/// each COPY takes one CopyDone, and the session carries on as straight to Postgres.
+#[tokio::test]
+async fn two_copies_in_one_string_each_take_their_copy_done() {
+    let (db, proxy, bystander) = setup().await;
+    let cluster = Cluster::shared();
+    cluster
+        .admin(&db)
+        .await
+        .batch_execute("CREATE TABLE two (v int)")
+        .await
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for port in [proxy.port(), cluster.port()] {
+        let (mut raw, _) = Raw::startup(port, &[("user", "postgres"), ("database", &db)]).await;
+        let mut batch = query("COPY two FROM STDIN; COPY two FROM STDIN");
+        for row in [b"1\n", b"2\n"] {
+            batch.extend(message(b'd', row));
+            batch.extend(message(b'c', b""));
+        }
+        raw.send(&batch).await;
+        let copied = raw.read_until(|m| m.tag == b'Z').await;
+        let after = raw.simple("SELECT 1").await;
+        outcomes.push((tags(&copied), tags(&after), codes(&after)));
+    }
+    assert_eq!(outcomes[0], outcomes[1], "through pgfence, then straight to Postgres");
+    assert_eq!(outcomes[1].1, "TDCZ");
+    still_fine(&bystander, &proxy).await;
+}

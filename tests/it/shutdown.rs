@@ -380,3 +380,69 @@ async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain(
     let status = proxy.wait_exit(Duration::from_secs(10)).await;
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
+
+/// A COPY run with the extended protocol: its Sync, sent with the Execute, is read and
+/// dropped in COPY mode, so once CopyDone is answered (the client sees `COPY 1` after a
+/// Flush) the transaction still waits for a Sync, and the drain waits with it.
+#[tokio::test]
+async fn a_copy_answered_before_its_sync_is_a_transaction_to_drain() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
+    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let mut batch = parse("", "COPY t FROM STDIN");
+    batch.extend(bind("", "", &[]));
+    batch.extend(execute(""));
+    batch.extend(sync());
+    raw.send(&batch).await;
+    let asked = raw.read_until(|m| m.tag == b'G').await;
+    assert_eq!(tags(&asked), "12G", "{asked:?}");
+    let mut data = message(b'd', b"1\n");
+    data.extend(message(b'c', b""));
+    data.extend(message(b'H', b""));
+    raw.send(&data).await;
+    let done = raw.read_until(|m| m.tag == b'C').await;
+    assert_eq!(tags(&done), "C", "{done:?}");
+    proxy.sigterm();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    raw.send(&sync()).await;
+    let end = raw.read_until(|_| false).await;
+    assert_eq!(tags(&end), "ZE", "{end:?}");
+    assert_eq!(codes(&end), ["57P01"]);
+    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1, "the row the client saw copied");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+/// A simple Query after an Execute with no Sync ends the implicit transaction (Postgres
+/// commits it with the Query's and says idle): a drain then ends the session at once.
+#[tokio::test]
+async fn a_query_ends_the_implicit_transaction_an_execute_left_open() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
+    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let mut batch = parse("", "INSERT INTO t VALUES (1)");
+    batch.extend(bind("", "", &[]));
+    batch.extend(execute(""));
+    batch.extend(message(b'H', b""));
+    raw.send(&batch).await;
+    assert_eq!(tags(&raw.read_until(|m| m.tag == b'C').await), "12C");
+    let replies = raw.simple("SELECT 1").await;
+    assert_eq!(tags(&replies).chars().last(), Some('Z'), "{replies:?}");
+    assert_eq!(replies.last().map(|z| z.body.clone()), Some(b"I".to_vec()), "idle");
+    let started = Instant::now();
+    proxy.sigterm();
+    let end = raw.read_until(|_| false).await;
+    assert_eq!(codes(&end), ["57P01"], "{end:?}");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+}
