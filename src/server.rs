@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -182,7 +182,11 @@ impl ServerContext {
         let sent = async {
             let mut s = TcpStream::connect(self.config.upstream.as_str()).await?;
             s.write_all(&msg).await?;
-            s.shutdown().await
+            // Postgres closes once it has signalled the backend: wait for that, so what
+            // the caller does next (a session closing its upstream) comes after the cancel.
+            let mut rest = [0u8; 64];
+            while s.read(&mut rest).await? > 0 {}
+            Ok::<(), std::io::Error>(())
         };
         match tokio::time::timeout(self.config.connect_timeout, sent).await {
             Ok(Ok(())) => debug!(pid = upstream.pid, "cancel sent upstream"),

@@ -38,7 +38,7 @@ use tokio::net::TcpStream;
 use tracing::{Instrument, debug, info};
 
 use crate::error::ProxyError;
-use crate::server::ServerContext;
+use crate::server::{ServerContext, UpstreamKey};
 use dispatch::Dispatcher;
 use relay::End;
 use state::Shared;
@@ -126,12 +126,8 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     // work first, as Postgres' own shutdown does: closing the socket alone would let the
     // statement run on, and commit, after the client was told the session is over.
     let busy = matches!(end, End::Drained) && !shared.lock().unwrap_or_else(|p| p.into_inner()).pending.is_empty();
-    let ending = async {
-        if busy {
-            ctx.cancel_upstream(cancel_key.upstream()).await;
-        }
-        finish(end, mid_message.into_inner(), &mut client, &mut upstream).await;
-    };
+    let cancel = busy.then(|| (ctx, cancel_key.upstream()));
+    let ending = finish(end, mid_message.into_inner(), &mut client, &mut upstream, cancel);
     last_words(ctx, limit, ending.instrument(span)).await;
 }
 
@@ -221,7 +217,16 @@ impl<F: Future> Future for OnWake<F> {
 /// Reports how the session ended, to the client where the protocol allows: not after
 /// part of a message (`mid_message`), which the client would read the report into.
 /// Postgres, too, only closes the connection then.
-async fn finish(end: End, mid_message: bool, client: &mut TcpStream, upstream: &mut TcpStream) {
+///
+/// `cancel`: Postgres still works for the session; its backend gets a cancel request
+/// after the client is told, before the upstream is closed.
+async fn finish(
+    end: End,
+    mid_message: bool,
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    cancel: Option<(&ServerContext, UpstreamKey)>,
+) {
     let fatal = match &end {
         End::ClientGone | End::ClientTerminated => None,
         End::ClientProtocol(reason) => {
@@ -243,6 +248,9 @@ async fn finish(end: End, mid_message: bool, client: &mut TcpStream, upstream: &
         let _ = client.write_all(&err.to_response()).await;
     }
     let _ = client.shutdown().await;
+    if let Some((ctx, key)) = cancel {
+        ctx.cancel_upstream(key).await;
+    }
     // Closing the upstream socket ends its backend, which rolls back any open transaction.
     let mut terminate = BytesMut::new();
     if !matches!(end, End::ClientTerminated | End::UpstreamGone { .. }) {
