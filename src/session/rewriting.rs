@@ -35,6 +35,7 @@ use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::sql::FenceId;
+use crate::sql::classify::MAX_PARSE_BYTES;
 use crate::sql::classify::{Analysis, StmtKind};
 
 /// What a write that involves a rewrite-mode fence becomes.
@@ -161,7 +162,8 @@ impl Dispatcher {
             ));
         }
         let budget = self.rewrite_budget.get();
-        if stmt_sql.len() > budget {
+        // A statement over the rewriter's own limit is refused below, for that.
+        if stmt_sql.len() > budget && stmt_sql.len() <= MAX_PARSE_BYTES {
             return Plan::Reject(unanalysable(
                 format!(
                     "pgfence: the message holds more than {} MiB of statements that write rewrite-mode \
