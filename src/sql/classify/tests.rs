@@ -52,7 +52,11 @@ fn texts_split_by_the_routine_body_rule_are_taken_whole() {
                   DEALLOCATE pgfence_guard_v1; PREPARE pgfence_guard_v1 AS SELECT 1";
     let a = analyze(tamper, &f);
     assert!(a.uncertain);
-    assert_eq!(run(tamper, &f), "other");
+    // Taken whole, a text that mentions pgfence may declare what pgfence would not see.
+    assert_eq!(run(tamper, &f), "pf004:0,1,2");
+    let plain = "CREATE FUNCTION m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; SELECT 2";
+    assert!(analyze(plain, &f).uncertain);
+    assert_eq!(run(plain, &f), "other");
     assert!(!analyze("SELECT 1; UPDATE invoices SET paid = true", &f).uncertain);
 }
 

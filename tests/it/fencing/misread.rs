@@ -96,8 +96,8 @@ async fn a_standard_conforming_strings_change_in_flight_hides_nothing() {
 /// Where statement boundaries rest on psql's rule for routine bodies (`BEGIN`, `CASE`,
 /// `END` inside `CREATE FUNCTION`), Postgres may split the text otherwise: `SELECT 1 AS end`
 /// does not end a body, `begin` may be a parameter name. Such a text that names a fenced
-/// table is refused whole; one that does not passes, and pgfence then trusts none of its
-/// own prepared statements until it has prepared them again.
+/// table, or mentions pgfence, is refused whole; one that does not passes, and pgfence then
+/// trusts none of its own prepared statements until it has prepared them again.
 #[tokio::test]
 async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
     let f = Fixture::at_epoch_two().await;
@@ -113,19 +113,25 @@ async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
         ["PF001"]
     );
     s.simple("ROLLBACK").await;
-    // A session at the current epoch has its guard statement replaced by a fake through
-    // such a text; after the takeover its write is still checked by the real guard.
+    // A session at the current epoch tries to replace its guard statement by a fake
+    // through such a text: refused, since it mentions pgfence; a text that does not drops
+    // the guard statement (DEALLOCATE ALL) and pgfence prepares it again. After the takeover
+    // the write is still checked by the real guard.
     let two = f.leader(2).await;
     two.execute("UPDATE sweep_state SET note = 'two' WHERE id = 1", &[])
         .await
         .unwrap();
     let guard = pgfence::session::state::OwnStatement::Guard.name();
-    two.batch_execute(&format!(
-        "CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; \
-         DEALLOCATE {guard}; PREPARE {guard}(text, bigint, text, boolean) AS SELECT 1"
-    ))
-    .await
-    .unwrap();
+    let r = two
+        .batch_execute(&format!(
+            "CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; \
+             DEALLOCATE {guard}; PREPARE {guard}(text, bigint, text, boolean) AS SELECT 1"
+        ))
+        .await;
+    assert_eq!(super::code(&r), "PF004");
+    two.batch_execute("CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; DEALLOCATE ALL")
+        .await
+        .unwrap();
     f.takeover("c").await;
     let r = two
         .execute("UPDATE sweep_state SET note = 'stale' WHERE id = 1", &[])
