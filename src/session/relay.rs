@@ -147,13 +147,14 @@ impl ReadBuf {
             self.buf.reserve(need);
         }
     }
-}
 
-async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> std::io::Result<usize> {
-    if buf.capacity() - buf.len() < READ_CHUNK / 2 {
-        buf.reserve(READ_CHUNK);
+    /// Reads what `r` has; 0 at its end.
+    async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        r.read_buf(&mut self.buf).await
     }
-    r.read_buf(buf).await
 }
 
 /// Client to upstream. Cancel safe: no (a partly written batch is lost), but
@@ -252,7 +253,7 @@ where
             return End::ClientTerminated;
         }
         rb.reserve(need);
-        match fill(cr, &mut rb.buf).await {
+        match rb.fill(cr).await {
             Ok(0) => return End::ClientGone,
             Ok(_) => {}
             Err(e) => return End::Io(e),
@@ -468,7 +469,7 @@ where
             return End::Drained;
         }
         rb.reserve(need);
-        match fill(ur, &mut rb.buf).await {
+        match rb.fill(ur).await {
             Ok(0) => {
                 return End::UpstreamGone {
                     after_error: last_error,

@@ -595,9 +595,9 @@ impl Shared {
             match self.pending.get(1) {
                 Some(&Unit::Sync { after_copy_data }) => {
                     self.pending.remove(1);
-                    // Postgres reads it in COPY mode and drops it: the transaction the
-                    // COPY runs in waits for a later Sync.
-                    self.unsynced = true;
+                    // Postgres reads it in COPY mode and drops it: the implicit transaction
+                    // of a COPY run by Execute waits for a later Sync.
+                    self.unsynced |= matches!(self.pending.front(), Some(Unit::Execute(..)));
                     self.copy_syncs += u64::from(after_copy_data);
                     // Counted as sent when dispatched: answered now, as it never will be.
                     self.answered += 1;
