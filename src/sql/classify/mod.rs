@@ -468,9 +468,11 @@ impl<'a> Ctx<'a> {
 
     /// A text taken whole, its statements not told apart (psql's routine-body rule
     /// decided, or there are more than `split::MAX_STATEMENTS`): refused if any part of it
-    /// may write a fenced table. Beyond a name of one, that is whatever can write tables
-    /// it does not name (`EXECUTE` of a prepared statement; `DROP`, `ALTER` or `TRUNCATE`
-    /// with CASCADE, OWNED or a schema) and a declaration pgfence would not see.
+    /// may write a fenced table. Beyond a name of one anywhere in it, strings included,
+    /// and an escape that could spell one (as for a `DO` or `CALL`), that is whatever can
+    /// write tables it does not name (`EXECUTE` of a prepared statement; `DROP`, `ALTER`
+    /// or `TRUNCATE` with CASCADE, OWNED or a schema) and a declaration pgfence would not
+    /// see.
     fn whole_text_kind(&self, span: &Range<usize>) -> StmtKind {
         if self.fences.is_empty() {
             return StmtKind::Other;
@@ -489,7 +491,7 @@ impl<'a> Ctx<'a> {
             };
             return all.into_unanalysable(self.fences);
         }
-        self.unanalysable_if_named(span)
+        self.routine_call(span)
     }
 
     /// Unanalysable if an identifier in the statement may name a fenced

@@ -57,6 +57,10 @@ fn texts_split_by_the_routine_body_rule_are_taken_whole() {
     let plain = "CREATE FUNCTION m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; SELECT 2";
     assert!(analyze(plain, &f).uncertain);
     assert_eq!(run(plain, &f), "other");
+    let escaped = "CREATE FUNCTION g() RETURNS int LANGUAGE sql RETURN CASE WHEN true THEN 1 END; \
+                   DO E'BEGIN UPDATE \\x69nvoices SET paid = true; END'";
+    assert!(analyze(escaped, &f).uncertain);
+    assert_eq!(run(escaped, &f), "pf004:0,1,2");
     assert!(!analyze("SELECT 1; UPDATE invoices SET paid = true", &f).uncertain);
 }
 
@@ -774,6 +778,10 @@ fn a_text_taken_whole_refuses_what_can_write_without_naming() {
         ("set pgfence.epoch = 3", "pf004:0,1,2"),
         ("select 'execute' from other", "other"),
         ("update other set a = 1", "other"),
+        // As for a DO or CALL on its own: an escape could spell a fenced name.
+        (r"do E'begin update \x69nvoices set paid = true; end'", "pf004:0,1,2"),
+        (r"call run(E'update \x69nvoices set paid = true')", "pf004:0,1,2"),
+        ("do 'begin update invoices set paid = true; end'", "pf004:0"),
     ] {
         let a = analyze(&format!("{many}{tail}"), &f);
         let kinds: Vec<String> = a.statements.iter().map(|s| render(&s.kind)).collect();
