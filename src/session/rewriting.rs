@@ -161,20 +161,23 @@ impl Dispatcher {
                 "Use client_encoding UTF8 for sessions that write fenced tables.",
             ));
         }
-        let budget = self.rewrite_budget.get();
-        // A statement over the rewriter's own limit is refused below, for that.
-        if stmt_sql.len() > budget && stmt_sql.len() <= MAX_PARSE_BYTES {
-            return Plan::Reject(unanalysable(
-                format!(
-                    "pgfence: the message holds more than {} MiB of statements that write rewrite-mode \
-                     tables (fence \"{}\"); refused",
-                    REWRITE_BUDGET >> 20,
-                    name(first)
-                ),
-                "Send them in several messages.",
-            ));
+        // A statement over the rewriter's own limit is refused below, for that, and
+        // costs no budget.
+        if stmt_sql.len() <= MAX_PARSE_BYTES {
+            let budget = self.rewrite_budget.get();
+            if stmt_sql.len() > budget {
+                return Plan::Reject(unanalysable(
+                    format!(
+                        "pgfence: the message holds more than {} MiB of statements that write rewrite-mode \
+                         tables (fence \"{}\"); refused",
+                        REWRITE_BUDGET >> 20,
+                        name(first)
+                    ),
+                    "Send them in several messages.",
+                ));
+            }
+            self.rewrite_budget.set(budget - stmt_sql.len());
         }
-        self.rewrite_budget.set(budget - stmt_sql.len());
         let declared = Declared {
             epoch: self.speculative.epoch.current().copied(),
             fence_name: self.speculative.fence.current().map(String::as_str),

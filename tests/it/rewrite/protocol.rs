@@ -499,4 +499,13 @@ async fn a_message_of_more_statements_than_pgfence_rewrites_at_once_is_refused_w
         .unwrap()
         .get(0);
     assert_eq!(epochs, 72);
+    // A lone statement over the rewriter's 64 KiB limit, even over the whole budget, gets
+    // the rewriter's own refusal, and the session goes on.
+    let huge = format!("INSERT INTO items (id, note) VALUES (100, '{}')", "y".repeat(5 << 20));
+    let replies = raw.simple(&format!("{huge}; {}", insert(101))).await;
+    assert_eq!(codes(&replies), ["PF004"], "{}", tags(&replies));
+    let message = replies.iter().find_map(|m| m.field(b'M')).unwrap_or_default();
+    assert!(!message.contains("MiB"), "{message}");
+    assert!(codes(&raw.simple("SELECT 1").await).is_empty());
+    assert_eq!(count().await, 72);
 }
