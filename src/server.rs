@@ -18,6 +18,9 @@ use crate::error::ProxyError;
 use crate::protocol::startup::{FirstPacket, read_first_packet};
 use crate::session::{self, DbFences};
 
+/// How long a forwarded cancel request waits for Postgres to close its connection.
+const CANCEL_CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a refused client (too many connections) may take to send its startup packet.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -182,11 +185,18 @@ impl ServerContext {
         let sent = async {
             let mut s = TcpStream::connect(self.config.upstream.as_str()).await?;
             s.write_all(&msg).await?;
-            // Postgres closes once it has signalled the backend: wait for that, so what
-            // the caller does next (a session closing its upstream) comes after the cancel.
+            // Postgres closes once it has signalled the backend: wait for that (a while at
+            // most, whatever connect_timeout is), so what the caller does next (a session
+            // closing its upstream) comes after the cancel.
             let mut rest = [0u8; 64];
-            while s.read(&mut rest).await? > 0 {}
-            Ok::<(), std::io::Error>(())
+            let closed = async {
+                while s.read(&mut rest).await? > 0 {}
+                Ok::<(), std::io::Error>(())
+            };
+            match tokio::time::timeout(CANCEL_CLOSE_WAIT, closed).await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
         };
         match tokio::time::timeout(self.config.connect_timeout, sent).await {
             Ok(Ok(())) => debug!(pid = upstream.pid, "cancel sent upstream"),

@@ -219,7 +219,7 @@ impl<F: Future> Future for OnWake<F> {
 /// Postgres, too, only closes the connection then.
 ///
 /// `cancel`: Postgres still works for the session; its backend gets a cancel request
-/// after the client is told, before the upstream is closed.
+/// while the client is told, before the upstream is closed.
 async fn finish(
     end: End,
     mid_message: bool,
@@ -244,13 +244,19 @@ async fn finish(
             None
         }
     };
-    if let Some(err) = fatal.filter(|_| !mid_message) {
-        let _ = client.write_all(&err.to_response()).await;
-    }
-    let _ = client.shutdown().await;
-    if let Some((ctx, key)) = cancel {
-        ctx.cancel_upstream(key).await;
-    }
+    // Side by side: a client that stopped reading must not hold up the cancel.
+    let tell = async {
+        if let Some(err) = fatal.filter(|_| !mid_message) {
+            let _ = client.write_all(&err.to_response()).await;
+        }
+        let _ = client.shutdown().await;
+    };
+    let stop = async {
+        if let Some((ctx, key)) = cancel {
+            ctx.cancel_upstream(key).await;
+        }
+    };
+    tokio::join!(tell, stop);
     // Closing the upstream socket ends its backend, which rolls back any open transaction.
     let mut terminate = BytesMut::new();
     if !matches!(end, End::ClientTerminated | End::UpstreamGone { .. }) {
