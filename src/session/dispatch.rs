@@ -702,11 +702,20 @@ impl Dispatcher {
         // without a reply, and a unit for it would wait for one (a client sending nothing
         // else would grow the queue without bound). Each COPY FROM STDIN of a string still
         // in flight takes one, so a run of them is kept, up to a bound no string reaches.
-        let run = match shared.pending.back() {
+        let mut run = match shared.pending.back() {
             None => return,
             Some(Unit::CopyEnd) => shared.copy_ends_at_back,
             Some(_) => 0,
         };
+        if run >= MAX_COPY_END_RUN {
+            // The count may be high: COPYs since took some of the run. Count them.
+            run = shared
+                .pending
+                .iter()
+                .rev()
+                .take_while(|u| matches!(u, Unit::CopyEnd))
+                .count();
+        }
         if run < MAX_COPY_END_RUN {
             shared.pending.push_back(Unit::CopyEnd);
             shared.copy_ends_at_back = run + 1;

@@ -591,13 +591,22 @@ impl Shared {
     fn enter_copy_in(&mut self) {
         self.copy_open = true;
         self.copy_syncs = 0;
+        // The Syncs up to the COPY's CopyDone reach Postgres in COPY mode and are dropped:
+        // the implicit transaction of a COPY run by Execute then waits for a Sync after
+        // the CopyDone, unless the client sent one already.
+        let copy_end = self.pending.iter().position(|u| matches!(u, Unit::CopyEnd));
+        let later_sync =
+            copy_end.is_some_and(|e| self.pending.iter().skip(e + 1).any(|u| matches!(u, Unit::Sync { .. })));
+        if matches!(self.pending.get(1), Some(Unit::Sync { .. }))
+            && matches!(self.pending.front(), Some(Unit::Execute(..)))
+            && !later_sync
+        {
+            self.unsynced = true;
+        }
         loop {
             match self.pending.get(1) {
                 Some(&Unit::Sync { after_copy_data }) => {
                     self.pending.remove(1);
-                    // Postgres reads it in COPY mode and drops it: the implicit transaction
-                    // of a COPY run by Execute waits for a later Sync.
-                    self.unsynced |= matches!(self.pending.front(), Some(Unit::Execute(..)));
                     self.copy_syncs += u64::from(after_copy_data);
                     // Counted as sent when dispatched: answered now, as it never will be.
                     self.answered += 1;

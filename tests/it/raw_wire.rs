@@ -327,3 +327,45 @@ async fn two_copies_in_one_string_each_take_their_copy_done() {
     assert_eq!(outcomes[1].1, "TDCZ");
     still_fine(&bystander, &proxy).await;
 }
+
+/// A string of more COPYs than the CopyDone run pgfence keeps (1 024), with the client
+/// staying two CopyDones ahead of Postgres: the run never holds more than two, and every
+/// COPY gets its own.
+#[tokio::test]
+async fn a_client_ahead_by_two_copy_dones_through_many_copies_stays_in_step() {
+    let (db, proxy, bystander) = setup().await;
+    let cluster = Cluster::shared();
+    let admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE many (v int)").await.unwrap();
+    let copies = 1_100;
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let row = |k: usize| {
+        let mut m = message(b'd', format!("{k}\n").as_bytes());
+        m.extend(message(b'c', b""));
+        m
+    };
+    let mut batch = query(&"COPY many FROM STDIN;".repeat(copies));
+    batch.extend(row(0));
+    batch.extend(row(1));
+    raw.send(&batch).await;
+    let mut asked = 0;
+    loop {
+        let m = raw.read().await.expect("a reply");
+        match m.tag {
+            b'G' => {
+                asked += 1;
+                if asked + 1 < copies {
+                    raw.send(&row(asked + 1)).await;
+                }
+            }
+            b'E' => panic!("{:?}", m.field(b'M')),
+            b'Z' => break,
+            _ => {}
+        }
+    }
+    assert_eq!(asked, copies);
+    let n: i64 = admin.query_one("SELECT count(*) FROM many", &[]).await.unwrap().get(0);
+    assert_eq!(n, copies as i64);
+    assert_eq!(tags(&raw.simple("SELECT 1").await), "TDCZ");
+    still_fine(&bystander, &proxy).await;
+}
