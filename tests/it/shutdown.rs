@@ -353,17 +353,30 @@ async fn a_statement_cut_short_by_shutdown_is_cancelled_not_left_to_commit() {
     }
 }
 
-#[tokio::test]
-async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain() {
+/// A fresh database with a table `t (v int)`, a proxy with a 20 s grace period, and a raw
+/// session through it: for the drain's view of open transactions.
+async fn draining_fixture() -> (tokio_postgres::Client, ProxyProcess, Raw) {
     let cluster = Cluster::shared();
     let db = cluster.fresh_db().await;
     let admin = cluster.admin(&db).await;
     admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
-    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
-    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
-    let mut batch = parse("", "INSERT INTO t VALUES (1)");
+    let proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
+    let (raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    (admin, proxy, raw)
+}
+
+/// Parse, Bind and Execute of `sql` as the unnamed statement and portal.
+fn run_unnamed(sql: &str) -> Vec<u8> {
+    let mut batch = parse("", sql);
     batch.extend(bind("", "", &[]));
     batch.extend(execute(""));
+    batch
+}
+
+#[tokio::test]
+async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain() {
+    let (admin, mut proxy, mut raw) = draining_fixture().await;
+    let mut batch = run_unnamed("INSERT INTO t VALUES (1)");
     batch.extend(message(b'H', b""));
     raw.send(&batch).await;
     let done = raw.read_until(|m| m.tag == b'C').await;
@@ -386,15 +399,8 @@ async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain(
 /// Flush) the transaction still waits for a Sync, and the drain waits with it.
 #[tokio::test]
 async fn a_copy_answered_before_its_sync_is_a_transaction_to_drain() {
-    let cluster = Cluster::shared();
-    let db = cluster.fresh_db().await;
-    let admin = cluster.admin(&db).await;
-    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
-    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
-    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
-    let mut batch = parse("", "COPY t FROM STDIN");
-    batch.extend(bind("", "", &[]));
-    batch.extend(execute(""));
+    let (admin, mut proxy, mut raw) = draining_fixture().await;
+    let mut batch = run_unnamed("COPY t FROM STDIN");
     batch.extend(sync());
     raw.send(&batch).await;
     let asked = raw.read_until(|m| m.tag == b'G').await;
@@ -421,15 +427,8 @@ async fn a_copy_answered_before_its_sync_is_a_transaction_to_drain() {
 /// commits it with the Query's and says idle): a drain then ends the session at once.
 #[tokio::test]
 async fn a_query_ends_the_implicit_transaction_an_execute_left_open() {
-    let cluster = Cluster::shared();
-    let db = cluster.fresh_db().await;
-    let admin = cluster.admin(&db).await;
-    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
-    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
-    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
-    let mut batch = parse("", "INSERT INTO t VALUES (1)");
-    batch.extend(bind("", "", &[]));
-    batch.extend(execute(""));
+    let (admin, mut proxy, mut raw) = draining_fixture().await;
+    let mut batch = run_unnamed("INSERT INTO t VALUES (1)");
     batch.extend(message(b'H', b""));
     raw.send(&batch).await;
     assert_eq!(tags(&raw.read_until(|m| m.tag == b'C').await), "12C");
@@ -452,15 +451,8 @@ async fn a_query_ends_the_implicit_transaction_an_execute_left_open() {
 /// at once rather than after the grace period.
 #[tokio::test]
 async fn a_copy_whose_later_sync_came_ahead_drains_at_once() {
-    let cluster = Cluster::shared();
-    let db = cluster.fresh_db().await;
-    let admin = cluster.admin(&db).await;
-    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
-    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
-    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
-    let mut batch = parse("", "COPY t FROM STDIN");
-    batch.extend(bind("", "", &[]));
-    batch.extend(execute(""));
+    let (admin, mut proxy, mut raw) = draining_fixture().await;
+    let mut batch = run_unnamed("COPY t FROM STDIN");
     batch.extend(sync());
     batch.extend(message(b'd', b"1\n"));
     batch.extend(message(b'c', b""));
