@@ -468,22 +468,30 @@ impl<'a> Ctx<'a> {
 
     /// A text taken whole, its statements not told apart (psql's routine-body rule
     /// decided, or there are more than `split::MAX_STATEMENTS`): refused if any part of it
-    /// may write a fenced table. Beyond a name of one anywhere in it, strings included,
-    /// and an escape that could spell one (as for a `DO` or `CALL`), that is whatever can
-    /// write tables it does not name (`EXECUTE` of a prepared statement; `DROP`, `ALTER`
-    /// or `TRUNCATE` with CASCADE, OWNED or a schema) and a declaration pgfence would not
-    /// see.
+    /// may write a fenced table. Beyond a name of one (read as for a `DO` or `CALL`,
+    /// strings and escapes included, when the text holds one), that is whatever can write
+    /// tables it does not name (`EXECUTE` of a prepared statement; `DROP`, `ALTER` or
+    /// `TRUNCATE` with CASCADE, OWNED or a schema) and a declaration pgfence would not see.
     fn whole_text_kind(&self, span: &Range<usize>) -> StmtKind {
         if self.fences.is_empty() {
             return StmtKind::Other;
         }
         let text = self.text(span);
         let lower = self.lower.get(span.clone()).unwrap_or(&[]);
-        let unnamed = memchr::memmem::find(lower, b"pgfence").is_some()
-            || Lexer::new(text, self.lexing).any(|tok| {
-                tok.kind == TokenKind::Word
-                    && matches!(lower.get(tok.span), Some(b"execute" | b"drop" | b"alter" | b"truncate"))
-            });
+        let mut unnamed = memchr::memmem::find(lower, b"pgfence").is_some();
+        let mut routine = false;
+        for tok in Lexer::new(text, self.lexing) {
+            if unnamed {
+                break;
+            }
+            if tok.kind == TokenKind::Word {
+                match lower.get(tok.span) {
+                    Some(b"execute" | b"drop" | b"alter" | b"truncate") => unnamed = true,
+                    Some(b"do" | b"call") => routine = true,
+                    _ => {}
+                }
+            }
+        }
         if unnamed {
             let all = Hits {
                 all: true,
@@ -491,7 +499,11 @@ impl<'a> Ctx<'a> {
             };
             return all.into_unanalysable(self.fences);
         }
-        self.routine_call(span)
+        if routine {
+            self.routine_call(span)
+        } else {
+            self.unanalysable_if_named(span)
+        }
     }
 
     /// Unanalysable if an identifier in the statement may name a fenced

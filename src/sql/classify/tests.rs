@@ -61,6 +61,11 @@ fn texts_split_by_the_routine_body_rule_are_taken_whole() {
                    DO E'BEGIN UPDATE \\x69nvoices SET paid = true; END'";
     assert!(analyze(escaped, &f).uncertain);
     assert_eq!(run(escaped, &f), "pf004:0,1,2");
+    // Without a DO or CALL, strings and names inside longer words are not read as names.
+    let ordinary = "CREATE FUNCTION g() RETURNS text LANGUAGE sql RETURN CASE WHEN true THEN E'a\\n' END; \
+                    SELECT * FROM invoices_archive";
+    assert!(analyze(ordinary, &f).uncertain);
+    assert_eq!(run(ordinary, &f), "other");
     assert!(!analyze("SELECT 1; UPDATE invoices SET paid = true", &f).uncertain);
 }
 
