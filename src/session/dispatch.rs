@@ -707,8 +707,8 @@ impl Dispatcher {
             Some(Unit::CopyEnd) => shared.copy_ends_at_back,
             Some(_) => 0,
         };
-        if run >= MAX_COPY_END_RUN {
-            // The count may be high: COPYs since took some of the run. Count them.
+        if run >= MAX_COPY_END_RUN && std::mem::take(&mut shared.copy_end_taken) {
+            // The count is high when COPYs took some of the run since: count it.
             run = shared
                 .pending
                 .iter()

@@ -362,8 +362,11 @@ pub struct Shared {
     /// An Execute was sent since the last Sync: Postgres holds an implicit transaction
     /// open until that Sync comes, even once every reply is in.
     pub unsynced: bool,
-    /// CopyEnd units at the back of `pending` in a row, while the back one is a CopyEnd.
+    /// CopyEnd units at the back of `pending` in a row, while the back one is a CopyEnd;
+    /// maybe too high once `copy_end_taken` is set.
     pub copy_ends_at_back: usize,
+    /// A CopyEnd left `pending` since `copy_ends_at_back` was last counted.
+    pub copy_end_taken: bool,
     /// Postgres is skipping messages until Sync after an error.
     skipping: bool,
     /// An error happened in the open transaction.
@@ -446,6 +449,7 @@ impl Shared {
         // A CopyDone or CopyFail that no COPY took: Postgres dropped it.
         while matches!(self.pending.front(), Some(Unit::CopyEnd)) {
             self.pending.pop_front();
+            self.copy_end_taken = true;
         }
         match tag {
             b'G' => self.enter_copy_in(),
@@ -595,8 +599,13 @@ impl Shared {
         // the implicit transaction of a COPY run by Execute then waits for a Sync after
         // the CopyDone, unless the client sent one already.
         let copy_end = self.pending.iter().position(|u| matches!(u, Unit::CopyEnd));
-        let later_sync =
-            copy_end.is_some_and(|e| self.pending.iter().skip(e + 1).any(|u| matches!(u, Unit::Sync { .. })));
+        // A Query or FunctionCall ends that transaction as a Sync does.
+        let later_sync = copy_end.is_some_and(|e| {
+            self.pending
+                .iter()
+                .skip(e + 1)
+                .any(|u| matches!(u, Unit::Sync { .. } | Unit::Query { .. } | Unit::FunctionCall))
+        });
         if matches!(self.pending.get(1), Some(Unit::Sync { .. }))
             && matches!(self.pending.front(), Some(Unit::Execute(..)))
             && !later_sync
@@ -613,6 +622,7 @@ impl Shared {
                 }
                 Some(Unit::CopyEnd) => {
                     self.pending.remove(1);
+                    self.copy_end_taken = true;
                     return;
                 }
                 None => {

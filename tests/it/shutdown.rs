@@ -446,27 +446,33 @@ async fn a_query_ends_the_implicit_transaction_an_execute_left_open() {
     assert_eq!(n, 1);
 }
 
-/// The same COPY with its second Sync sent ahead (`Execute, Sync, data, CopyDone, Sync`):
-/// that Sync ends the transaction, and once it is answered the drain ends the session
-/// at once rather than after the grace period.
+/// The same COPY with what ends its transaction sent ahead (`Execute, Sync, data,
+/// CopyDone`, then a Sync, or a Query, which ends it as a Sync does): once that is
+/// answered the drain ends the session at once rather than after the grace period.
 #[tokio::test]
-async fn a_copy_whose_later_sync_came_ahead_drains_at_once() {
-    let (admin, mut proxy, mut raw) = draining_fixture().await;
-    let mut batch = run_unnamed("COPY t FROM STDIN");
-    batch.extend(sync());
-    batch.extend(message(b'd', b"1\n"));
-    batch.extend(message(b'c', b""));
-    batch.extend(sync());
-    raw.send(&batch).await;
-    let done = raw.read_until(|m| m.tag == b'Z').await;
-    assert_eq!(tags(&done), "12GCZ", "{done:?}");
-    let started = Instant::now();
-    proxy.sigterm();
-    let end = raw.read_until(|_| false).await;
-    assert_eq!(codes(&end), ["57P01"], "{end:?}");
-    let status = proxy.wait_exit(Duration::from_secs(10)).await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
-    assert_eq!(n, 1);
+async fn a_copy_whose_transaction_end_came_ahead_drains_at_once() {
+    for (end, replies) in [(sync(), "12GCZ"), (query("SELECT 1"), "12GCTDCZ")] {
+        let (admin, mut proxy, mut raw) = draining_fixture().await;
+        let mut batch = run_unnamed("COPY t FROM STDIN");
+        batch.extend(sync());
+        batch.extend(message(b'd', b"1\n"));
+        batch.extend(message(b'c', b""));
+        batch.extend(end);
+        raw.send(&batch).await;
+        let done = raw.read_until(|m| m.tag == b'Z').await;
+        assert_eq!(tags(&done), replies, "{done:?}");
+        let started = Instant::now();
+        proxy.sigterm();
+        let end = raw.read_until(|_| false).await;
+        assert_eq!(codes(&end), ["57P01"], "{replies}: {end:?}");
+        let status = proxy.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.is_some_and(|s| s.success()), "{status:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{replies}: {:?}",
+            started.elapsed()
+        );
+        let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+        assert_eq!(n, 1);
+    }
 }
