@@ -19,7 +19,7 @@ use crate::protocol::startup::{FirstPacket, read_first_packet};
 use crate::session::{self, DbFences};
 
 /// How long a forwarded cancel request waits for Postgres to close its connection.
-const CANCEL_CLOSE_WAIT: Duration = Duration::from_secs(5);
+const CANCEL_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a refused client (too many connections) may take to send its startup packet.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -185,24 +185,20 @@ impl ServerContext {
         let sent = async {
             let mut s = TcpStream::connect(self.config.upstream.as_str()).await?;
             s.write_all(&msg).await?;
-            // Postgres closes once it has signalled the backend: wait for that (a while at
-            // most, whatever connect_timeout is), so what the caller does next (a session
-            // closing its upstream) comes after the cancel.
-            let mut rest = [0u8; 64];
-            let closed = async {
-                while s.read(&mut rest).await? > 0 {}
-                Ok::<(), std::io::Error>(())
-            };
-            match tokio::time::timeout(CANCEL_CLOSE_WAIT, closed).await {
-                Ok(r) => r,
-                Err(_) => Ok(()),
-            }
+            Ok::<_, std::io::Error>(s)
         };
-        match tokio::time::timeout(self.config.connect_timeout, sent).await {
-            Ok(Ok(())) => debug!(pid = upstream.pid, "cancel sent upstream"),
-            Ok(Err(e)) => warn!(error = %e, "cancel could not be forwarded"),
-            Err(_) => warn!("cancel forwarding timed out"),
-        }
+        let mut s = match tokio::time::timeout(self.config.connect_timeout, sent).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return warn!(error = %e, "cancel could not be forwarded"),
+            Err(_) => return warn!("cancel forwarding timed out"),
+        };
+        // Postgres closes once it has signalled the backend: wait for that (a while at
+        // most), so what the caller does next (a session closing its upstream) comes after
+        // the cancel.
+        let mut rest = [0u8; 64];
+        let closed = async { while matches!(s.read(&mut rest).await, Ok(n) if n > 0) {} };
+        let _ = tokio::time::timeout(CANCEL_CLOSE_WAIT, closed).await;
+        debug!(pid = upstream.pid, "cancel sent upstream");
     }
 }
 
