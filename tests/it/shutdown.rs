@@ -373,6 +373,39 @@ fn run_unnamed(sql: &str) -> Vec<u8> {
     batch
 }
 
+/// SIGTERM while the client's transaction waits for its Sync: the session stays until
+/// the Sync, whose ReadyForQuery comes before the FATAL, and the rows it wrote commit.
+async fn drains_after_its_sync(admin: &tokio_postgres::Client, proxy: &mut ProxyProcess, raw: &mut Raw) {
+    proxy.sigterm();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    raw.send(&sync()).await;
+    let end = raw.read_until(|_| false).await;
+    assert_eq!(tags(&end), "ZE", "{end:?}");
+    assert_eq!(codes(&end), ["57P01"]);
+    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1, "the row the client saw written");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+/// SIGTERM with no transaction open: the session gets its FATAL at once, the proxy
+/// exits well before the grace period, and the row written before commits.
+async fn drains_at_once(admin: &tokio_postgres::Client, proxy: &mut ProxyProcess, raw: &mut Raw, case: &str) {
+    let started = Instant::now();
+    proxy.sigterm();
+    let end = raw.read_until(|_| false).await;
+    assert_eq!(codes(&end), ["57P01"], "{case}: {end:?}");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{case}: {:?}",
+        started.elapsed()
+    );
+    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+}
+
 #[tokio::test]
 async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain() {
     let (admin, mut proxy, mut raw) = draining_fixture().await;
@@ -381,17 +414,8 @@ async fn an_implicit_transaction_waiting_for_its_sync_is_a_transaction_to_drain(
     raw.send(&batch).await;
     let done = raw.read_until(|m| m.tag == b'C').await;
     assert_eq!(tags(&done), "12C", "{done:?}");
-    proxy.sigterm();
-    tokio::time::sleep(Duration::from_millis(500)).await;
     // The client was told the INSERT ran; the transaction it is in ends with its Sync.
-    raw.send(&sync()).await;
-    let end = raw.read_until(|_| false).await;
-    assert_eq!(tags(&end), "ZE", "{end:?}");
-    assert_eq!(codes(&end), ["57P01"]);
-    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
-    assert_eq!(n, 1);
-    let status = proxy.wait_exit(Duration::from_secs(10)).await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    drains_after_its_sync(&admin, &mut proxy, &mut raw).await;
 }
 
 /// A COPY run with the extended protocol: its Sync, sent with the Execute, is read and
@@ -411,16 +435,7 @@ async fn a_copy_answered_before_its_sync_is_a_transaction_to_drain() {
     raw.send(&data).await;
     let done = raw.read_until(|m| m.tag == b'C').await;
     assert_eq!(tags(&done), "C", "{done:?}");
-    proxy.sigterm();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    raw.send(&sync()).await;
-    let end = raw.read_until(|_| false).await;
-    assert_eq!(tags(&end), "ZE", "{end:?}");
-    assert_eq!(codes(&end), ["57P01"]);
-    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
-    assert_eq!(n, 1, "the row the client saw copied");
-    let status = proxy.wait_exit(Duration::from_secs(10)).await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    drains_after_its_sync(&admin, &mut proxy, &mut raw).await;
 }
 
 /// A simple Query after an Execute with no Sync ends the implicit transaction (Postgres
@@ -435,15 +450,7 @@ async fn a_query_ends_the_implicit_transaction_an_execute_left_open() {
     let replies = raw.simple("SELECT 1").await;
     assert_eq!(tags(&replies).chars().last(), Some('Z'), "{replies:?}");
     assert_eq!(replies.last().map(|z| z.body.clone()), Some(b"I".to_vec()), "idle");
-    let started = Instant::now();
-    proxy.sigterm();
-    let end = raw.read_until(|_| false).await;
-    assert_eq!(codes(&end), ["57P01"], "{end:?}");
-    let status = proxy.wait_exit(Duration::from_secs(10)).await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-    let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
-    assert_eq!(n, 1);
+    drains_at_once(&admin, &mut proxy, &mut raw, "").await;
 }
 
 /// The same COPY with what ends its transaction sent ahead (`Execute, Sync, data,
@@ -461,18 +468,6 @@ async fn a_copy_whose_transaction_end_came_ahead_drains_at_once() {
         raw.send(&batch).await;
         let done = raw.read_until(|m| m.tag == b'Z').await;
         assert_eq!(tags(&done), replies, "{done:?}");
-        let started = Instant::now();
-        proxy.sigterm();
-        let end = raw.read_until(|_| false).await;
-        assert_eq!(codes(&end), ["57P01"], "{replies}: {end:?}");
-        let status = proxy.wait_exit(Duration::from_secs(10)).await;
-        assert!(status.is_some_and(|s| s.success()), "{status:?}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{replies}: {:?}",
-            started.elapsed()
-        );
-        let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
-        assert_eq!(n, 1);
+        drains_at_once(&admin, &mut proxy, &mut raw, replies).await;
     }
 }
