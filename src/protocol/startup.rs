@@ -117,9 +117,13 @@ fn parse_params(mut b: Body<'_>) -> Result<Vec<(String, String)>, StartupError> 
 }
 
 impl StartupMessage {
-    /// The value of a parameter.
+    /// The value of a parameter: the last one given, as Postgres reads a repeated key.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.params.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.params
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The `_pq_.` protocol options pgfence does not support (it supports none).
@@ -245,6 +249,21 @@ mod tests {
         };
         assert_eq!(m.get("user"), Some("u"));
         assert_eq!(m.get("database"), Some("d"));
+    }
+
+    #[test]
+    fn a_repeated_parameter_reads_as_its_last_value() {
+        let body = startup(&[
+            ("database", "first"),
+            ("options", "-c pgfence.epoch=3"),
+            ("database", "last"),
+            ("options", "-c pgfence.epoch=2"),
+        ]);
+        let FirstPacket::Startup(m) = parse_first_packet(&body).unwrap() else {
+            panic!()
+        };
+        assert_eq!(m.get("database"), Some("last"));
+        assert_eq!(m.option_settings(), [("pgfence.epoch".to_owned(), "2".to_owned())]);
     }
 
     #[test]

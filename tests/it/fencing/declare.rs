@@ -278,3 +278,53 @@ async fn rollback_to_savepoint_undoes_later_declarations() {
 async fn shown_epoch(s: &tokio_postgres::Client) -> String {
     s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0)
 }
+
+/// A startup parameter given twice: Postgres keeps the last value of each, for the
+/// database, the user and `options` alike, and so does pgfence. Reading the first
+/// `database` chose the fences of a database without any and let a stale write through;
+/// reading the first `options` enforced an epoch other than the one Postgres shows.
+#[tokio::test]
+async fn a_repeated_startup_parameter_counts_as_postgres_counts_it() {
+    let f = Fixture::at_epoch_two().await;
+    let stale_in = |port| {
+        let db = f.db.clone();
+        async move {
+            let params = [
+                ("user", "postgres"),
+                ("database", "postgres"),
+                ("database", db.as_str()),
+                ("pgfence.epoch", "1"),
+            ];
+            let (mut s, started) = Raw::startup(port, &params).await;
+            assert_eq!(started.last().map(|m| m.tag), Some(b'Z'), "{started:?}");
+            let db_now = s.simple("SELECT current_database()").await;
+            assert!(db_now.iter().any(|m| m.tag == b'D' && m.body.ends_with(db.as_bytes())));
+            codes(&s.simple(WRITE).await)
+        }
+    };
+    assert_eq!(stale_in(f.proxy.port()).await, ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
+    // `options` twice: the last declares epoch 2, the current one, which SHOW reports.
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("options", "-c pgfence.epoch=3"),
+        ("options", "-c pgfence.epoch=2"),
+    ];
+    let (mut s, started) = Raw::startup(f.proxy.port(), &params).await;
+    assert_eq!(started.last().map(|m| m.tag), Some(b'Z'), "{started:?}");
+    let shown = s.simple("SHOW pgfence.epoch").await;
+    assert!(
+        shown.iter().any(|m| m.tag == b'D' && m.body.ends_with(b"2")),
+        "{shown:?}"
+    );
+    assert!(codes(&s.simple(WRITE).await).is_empty());
+    assert_eq!(f.note().await.0, "w");
+    // Control: straight to Postgres the stale write lands.
+    f.admin
+        .execute("UPDATE sweep_state SET note = 'init' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    assert!(stale_in(f.cluster.port()).await.is_empty());
+    assert_eq!(f.note().await.0, "w");
+}
