@@ -818,8 +818,35 @@ impl Dispatcher {
                 [stmt] => self.kind_need(&stmt.kind),
                 _ => Need::None,
             },
+            StmtKind::Fetch { portals } => self.fetch_need(shared, portals),
             kind => self.kind_need(kind),
         }
+    }
+
+    /// What SQL `FETCH`/`MOVE` may run: the statement of any portal bound with the protocol
+    /// that it may name (all of them for a name that cannot be read). A name pgfence never
+    /// saw bound is a `DECLARE`d cursor, which only reads. Postgres runs a portal's write
+    /// at its first fetch, and the portal lives on to the end of its transaction, so an
+    /// Execute's guard does not cover a portal fetched this way.
+    fn fetch_need(&self, shared: &Shared, portals: &[Option<String>]) -> Need {
+        let portal_need = |analysis: &Analysis| match analysis.statements.as_slice() {
+            [] => Need::None,
+            [stmt] => self.definition_need(shared, &stmt.kind, true),
+            _ => Need::Unanalysable(Vec::new()),
+        };
+        let mut need = Need::None;
+        if portals.iter().any(Option::is_none) {
+            for (analysis, _, _) in shared.portals.values() {
+                need = need.union(portal_need(analysis));
+            }
+            return need;
+        }
+        for name in portals.iter().flatten() {
+            if let Some((analysis, _, _)) = shared.portals.get(name) {
+                need = need.union(portal_need(analysis));
+            }
+        }
+        need
     }
 
     /// Whether client statement `name` has no known definition, on a database with fences.

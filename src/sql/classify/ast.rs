@@ -7,7 +7,8 @@
 //! and does not descend into expressions.
 
 use sqlparser::ast::{
-    CascadeOption, FromTable, Ident, ObjectName, ObjectType, Query, SetExpr, Statement, TableFactor, TableObject,
+    AlterTableOperation, CascadeOption, FromTable, Ident, ObjectName, ObjectType, Query, SetExpr, Statement,
+    TableFactor, TableObject,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
@@ -67,7 +68,21 @@ fn statement(stmt: &Statement, fences: &FenceSet, hits: &mut Hits) {
             // CASCADE also empties every table with a foreign key to these.
             hits.all |= matches!(t.cascade, Some(CascadeOption::Cascade));
         }
-        Statement::AlterTable(a) => name(&a.name, hits),
+        Statement::AlterTable(a) => {
+            name(&a.name, hits);
+            // Also the other table of an inheritance or partition link: the rows of a
+            // child show in its parent's scans.
+            for op in &a.operations {
+                match op {
+                    AlterTableOperation::Inherit { parent } | AlterTableOperation::NoInherit { parent } => {
+                        name(parent, hits)
+                    }
+                    AlterTableOperation::AttachPartitionOf { partition, .. }
+                    | AlterTableOperation::DetachPartitionOf { partition, .. } => name(partition, hits),
+                    _ => {}
+                }
+            }
+        }
         Statement::Drop {
             object_type: ObjectType::Table,
             names,
@@ -84,6 +99,12 @@ fn statement(stmt: &Statement, fences: &FenceSet, hits: &mut Hits) {
         Statement::CreateTable(c) => {
             if let Some(q) = &c.query {
                 query(q, fences, hits);
+            }
+            // A child's rows show in its parent's scans: creating one (`INHERITS`,
+            // `PARTITION OF`) changes what the parent holds from then on.
+            c.inherits.iter().flatten().for_each(|n| name(n, hits));
+            if let Some(n) = &c.partition_of {
+                name(n, hits);
             }
         }
         Statement::CreateTrigger(t) => name(&t.table_name, hits),

@@ -200,6 +200,33 @@ impl Ctx<'_> {
         }
     }
 
+    /// SQL `FETCH` or `MOVE`: it can run a portal the client bound with the protocol,
+    /// whose statement may be a fenced write (`INSERT … RETURNING` runs at its first
+    /// fetch). The cursor name is the statement's last word; every identifier in it is
+    /// kept, so a direction keyword read as a name only widens the check. `None` in the
+    /// list stands for a name that cannot be read (a `U&"…"` one with a bad escape).
+    pub(super) fn fetch(&self, span: &Range<usize>) -> StmtKind {
+        let mut c = Cur::new(self.text(span), self.lexing);
+        c.toks.next();
+        let mut portals = Vec::new();
+        while let Some(t) = c.toks.peek() {
+            if matches!(
+                t.kind,
+                TokenKind::Word | TokenKind::QuotedIdent | TokenKind::UnicodeIdent
+            ) {
+                let unicode = t.kind == TokenKind::UnicodeIdent;
+                match c.decoded_ident() {
+                    Some(name) => portals.push(Some(name)),
+                    None if unicode => portals.push(None),
+                    None => {}
+                }
+            } else {
+                c.toks.next();
+            }
+        }
+        StmtKind::Fetch { portals }
+    }
+
     /// `DEALLOCATE [PREPARE] {name | ALL}`. A name that cannot be read is
     /// refused (every fence, PF004): it could be one of pgfence's statements,
     /// which a client must not drop and replace with its own.

@@ -116,6 +116,13 @@ pub enum StmtKind {
         /// The statement name.
         name: String,
     },
+    /// SQL-level `FETCH` or `MOVE`, which runs a portal: a cursor (`DECLARE`, which
+    /// only reads) or one bound with the protocol, which may hold a fenced write. The
+    /// names it may fetch from (`None`: one that cannot be read).
+    Fetch {
+        /// Candidate portal names, normalised as identifiers.
+        portals: Vec<Option<String>>,
+    },
     /// `DEALLOCATE [PREPARE] name` (`Some`) or `DEALLOCATE ALL` (`None`).
     Deallocate {
         /// The statement name, `None` for ALL.
@@ -309,12 +316,10 @@ const NEVER_WRITE: &[&str] = &[
     "commit",
     "declare",
     "end",
-    "fetch",
     "grant",
     "listen",
     "load",
     "lock",
-    "move",
     "notify",
     "reassign",
     "refresh",
@@ -364,6 +369,7 @@ impl<'a> Ctx<'a> {
             "set" | "reset" | "discard" => declare::parse(text, self.lexing).map_or(StmtKind::Other, StmtKind::Declare),
             "prepare" => self.prepare(span, depth),
             "execute" => self.execute(&span),
+            "fetch" | "move" => self.fetch(&span),
             "deallocate" => self.deallocate(&span),
             "explain" => self.explain(span, depth),
             "copy" => self.copy(span, depth),

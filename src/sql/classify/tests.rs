@@ -32,6 +32,14 @@ fn render(k: &StmtKind) -> String {
         StmtKind::Execute { name } => format!("execute {name}"),
         StmtKind::Deallocate { name: Some(n) } => format!("deallocate {n}"),
         StmtKind::Deallocate { name: None } => "deallocate all".into(),
+        StmtKind::Fetch { portals } => format!(
+            "fetch {}",
+            portals
+                .iter()
+                .map(|p| p.as_deref().unwrap_or("?"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
         StmtKind::Savepoint(op) => format!("{op:?}"),
         StmtKind::EndTransaction { commit: true } => "end:commit".into(),
         StmtKind::EndTransaction { commit: false } => "end:rollback".into(),
@@ -195,6 +203,32 @@ const ROWS: &[(&str, &str)] = &[
     ("CREATE TABLE t2 AS SELECT * FROM invoices", "other"),
     ("CREATE TABLE t2 AS EXECUTE p", "execute p"),
     ("CREATE TABLE t2 (LIKE invoices)", "other"),
+    // A child's rows show in its parent's scans.
+    ("CREATE TABLE kid () INHERITS (invoices)", "write:invoices"),
+    (
+        "CREATE TABLE kid (x int) INHERITS (other, billing.ledger)",
+        "write:ledger",
+    ),
+    (
+        "CREATE TABLE p3 PARTITION OF invoices FOR VALUES FROM (1) TO (10)",
+        "write:invoices",
+    ),
+    ("CREATE TABLE p4 PARTITION OF invoices DEFAULT", "write:invoices"),
+    ("CREATE TABLE kid () INHERITS (other)", "other"),
+    ("ALTER TABLE other INHERIT invoices", "write:invoices"),
+    ("ALTER TABLE other NO INHERIT billing.ledger", "write:ledger"),
+    (
+        "ALTER TABLE other ATTACH PARTITION invoices FOR VALUES IN (1)",
+        "write:invoices",
+    ),
+    ("ALTER TABLE other DETACH PARTITION invoices", "write:invoices"),
+    ("ALTER TABLE other DETACH PARTITION p1", "other"),
+    // FETCH and MOVE run a portal, which the session may have bound to a write.
+    ("FETCH ALL FROM p", "fetch all,from,p"),
+    ("FETCH p", "fetch p"),
+    ("MOVE FORWARD 5 IN \"P q\"", "fetch forward,in,P q"),
+    ("fetch -2 from U&\"\\0070\"", "fetch from,p"),
+    ("FETCH NEXT FROM U&\"!\" UESCAPE '!'", "fetch next,from,?"),
     (
         "CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ DELETE FROM invoices $$",
         "other",

@@ -399,3 +399,46 @@ async fn a_guard_covers_later_writes_only_while_nothing_between_may_end_the_tran
         assert_eq!(took_over_while_open, port == f.cluster.port());
     }
 }
+
+/// A child's rows show in its parent's scans: creating a child of a fenced table, or
+/// linking a table to it as one, changes what the fenced table holds, and so does
+/// unlinking one.
+#[tokio::test]
+async fn a_stale_epoch_cannot_add_or_remove_children_of_a_fenced_table() {
+    let (f, stale, current) = stale_and_current().await;
+    f.admin
+        .batch_execute(
+            "CREATE TABLE loose (id int NOT NULL, note text, last_epoch bigint NOT NULL DEFAULT 0);
+             INSERT INTO loose VALUES (2, 'loose', 0)",
+        )
+        .await
+        .unwrap();
+    let rows = || async {
+        f.admin
+            .query_one("SELECT count(*) FROM sweep_state", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let link = [
+        "CREATE TABLE kid () INHERITS (sweep_state)",
+        "ALTER TABLE loose INHERIT sweep_state",
+        "CREATE TABLE part PARTITION OF sweep_state DEFAULT",
+    ];
+    for sql in link {
+        assert_eq!(code(&stale.batch_execute(sql).await), "PF001", "simple: {sql}");
+        assert_eq!(code(&stale.execute(sql, &[]).await), "PF001", "extended: {sql}");
+    }
+    assert_eq!(rows().await, 1);
+    // The current epoch links; a stale one cannot unlink.
+    for sql in &link[..2] {
+        assert_eq!(code(&current.batch_execute(sql).await), "ok", "{sql}");
+    }
+    assert_eq!(rows().await, 2);
+    let unlink = "ALTER TABLE loose NO INHERIT sweep_state";
+    assert_eq!(code(&stale.batch_execute(unlink).await), "PF001");
+    assert_eq!(rows().await, 2);
+    // Control: straight to Postgres the same change goes through.
+    assert_eq!(code(&f.direct().await.batch_execute(unlink).await), "ok");
+    assert_eq!(rows().await, 1);
+}
