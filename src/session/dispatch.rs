@@ -136,13 +136,13 @@ impl Dispatcher {
         self.sent += 1;
         shared.copy_data_early = false;
         // Postgres ends an implicit transaction left open by an Execute with this Query.
-        shared.unsynced = false;
+        let unsynced = std::mem::replace(&mut shared.unsynced, false);
         // The Query is a batch of its own, and what follows it up to a Sync another.
         let batch = self.batch + 1;
         self.batch += 2;
         // A simple Query destroys the unnamed prepared statement.
         self.rw_statements.remove("");
-        if let Some(r) = self.unreadable(shared, sql) {
+        if let Some(r) = self.unreadable(shared, sql, unsynced) {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
                 done: 0,
@@ -457,10 +457,14 @@ impl Dispatcher {
     ///   a string's end. pgfence reads the text as UTF-8, so such a character followed by
     ///   `\` is suspect while the session's `client_encoding` is one of them.
     /// - `standard_conforming_strings` and `client_encoding` are known from Postgres'
-    ///   reports; a request still in flight may change them. Then a text that reads
-    ///   differently with the setting on and off, or the suspect sequence above, is refused.
-    fn unreadable(&self, shared: &Shared, sql: &str) -> Option<Rejection> {
-        let in_flight = !shared.pending.is_empty();
+    ///   reports; a request still in flight, or an Execute still waiting for its Sync
+    ///   (`unsynced`), may change them. Then a text that reads differently with the setting
+    ///   on and off, a backslash in a write pgfence rewrites, or the suspect sequence above,
+    ///   is refused.
+    fn unreadable(&self, shared: &Shared, sql: &str, unsynced: bool) -> Option<Rejection> {
+        // Postgres reports a changed setting just before ReadyForQuery: after an Execute,
+        // only once a Sync has come, even when every reply is in.
+        let in_flight = !shared.pending.is_empty() || unsynced;
         if (in_flight || shared.reported.encoding_hides_backslash)
             && hides_backslash(sql)
             && self.fences.may_name_any(sql)
@@ -489,11 +493,14 @@ impl Dispatcher {
         if in_flight && sql.contains('\\') {
             let scs = shared.reported.standard_conforming_strings;
             let (a, b) = (self.fences.analyze(sql, scs), self.fences.analyze(sql, !scs));
-            if a != b && !(a.is_plain() && b.is_plain()) {
+            // A rewrite edits inside the statement, where the two readings may place
+            // string ends differently even when they agree on its span and kind.
+            let rewrites = a.statements.iter().any(|s| self.rewritten(&s.kind));
+            if (a != b && !(a.is_plain() && b.is_plain())) || rewrites {
                 return Some(Rejection {
                     code: crate::error::sqlstate::UNANALYSABLE,
-                    message: "pgfence: statement reads differently with standard_conforming_strings on and off, \
-                              a request in flight may change it, and it may write a fenced table; refused"
+                    message: "pgfence: a request in flight may change standard_conforming_strings, which decides \
+                              where this statement's strings end, and the statement may write a fenced table; refused"
                         .into(),
                     hint: "Wait for the answer to a SET standard_conforming_strings before sending such a statement, \
                            or write backslashes in E'' strings."
@@ -502,6 +509,16 @@ impl Dispatcher {
             }
         }
         None
+    }
+
+    /// Whether pgfence may rewrite the statement's text (a write to a rewrite-mode table,
+    /// also one being prepared).
+    fn rewritten(&self, kind: &StmtKind) -> bool {
+        match kind {
+            StmtKind::Write { fences, .. } => self.any_rewrite(fences),
+            StmtKind::Prepare { inner, .. } => self.rewritten(inner),
+            _ => false,
+        }
     }
 
     /// Guard or rejection call for one fenced statement in a simple Query.
@@ -542,7 +559,7 @@ impl Dispatcher {
         params: &[u8],
         exact: bool,
     ) -> Option<String> {
-        if let Some(r) = self.unreadable(shared, sql) {
+        if let Some(r) = self.unreadable(shared, sql, shared.unsynced) {
             self.rw_statements.remove(name);
             // The statement sent raises PF004 itself.
             let defined = shared.define(name, self.batch, Arc::default());

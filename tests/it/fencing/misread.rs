@@ -5,7 +5,7 @@
 //! straight to Postgres the hidden stale write lands.
 
 use super::Fixture;
-use crate::common::raw::{Raw, codes, message, query};
+use crate::common::raw::{Raw, bind, codes, execute, message, parse, query, tags};
 
 /// A stale session's write hidden behind what pgfence would read as a string: with SJIS,
 /// 0x83 0x5C is one character (ソ) to Postgres, so the string ends there.
@@ -89,6 +89,35 @@ async fn a_standard_conforming_strings_change_in_flight_hides_nothing() {
     d.send(&[query("SET standard_conforming_strings = on"), query(SCS_HIDDEN)].concat())
         .await;
     d.read_until(|m| m.tag == b'Z').await;
+    assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// The same change run by Execute and followed by a Flush, not a Sync: Postgres has
+/// answered it (CommandComplete) but reports the new setting only with the ReadyForQuery
+/// that the Sync brings, so a text sent now is still read with it unknown.
+#[tokio::test]
+async fn a_standard_conforming_strings_change_waiting_for_its_sync_hides_nothing() {
+    let f = Fixture::at_epoch_two().await;
+    let off = [("standard_conforming_strings", "off")];
+    let set_on = [
+        parse("", "SET standard_conforming_strings = on"),
+        bind("", "", &[]),
+        execute(""),
+        message(b'H', b""),
+    ]
+    .concat();
+    let mut s = stale(&f, f.proxy.port(), &off).await;
+    s.send(&set_on).await;
+    assert_eq!(tags(&s.read_until(|m| m.tag == b'C').await), "12C");
+    s.send(&query(SCS_HIDDEN)).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control: straight to Postgres the stale write hidden this way lands.
+    let mut d = stale(&f, f.cluster.port(), &off).await;
+    d.send(&set_on).await;
+    d.read_until(|m| m.tag == b'C').await;
+    d.send(&query(SCS_HIDDEN)).await;
     assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
     assert_eq!(f.note().await.0, "stale");
 }

@@ -240,3 +240,42 @@ async fn guard_calls(c: &Client) -> i64 {
     .unwrap()
     .get(0)
 }
+
+/// `SET standard_conforming_strings = off` in flight, then a write whose strings end
+/// elsewhere once it is off: with it on, pgfence would put its edits where Postgres then
+/// reads a string, and the stale write would lower the row's epoch. A backslash in a
+/// rewritten write is refused (PF004) while the setting is in flight.
+#[tokio::test]
+async fn rewrite_refuses_a_backslash_while_the_string_rules_may_change() {
+    use crate::common::raw::{codes, query};
+    let f = fixture(false).await;
+    let b = f.leader(2).await;
+    assert_eq!(update_note(&b, "b").await, 1);
+    let hidden = "UPDATE sweep_state SET note = 'a\\' || ', last_epoch = 0 WHERE id = 1 AND note <> ' --'\n\
+                  RETURNING id";
+    let set_off = query("SET standard_conforming_strings = off");
+    let mut s = f.raw(f.proxy.port(), "1", &[]).await;
+    s.send(&[set_off.clone(), query(hidden)].concat()).await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    assert_eq!(f.note().await, ("b".to_owned(), 2));
+    // Sent once the answer is in, pgfence reads it with the setting off, as Postgres
+    // does; its SQL parser, which the rewrite is checked with, reads it otherwise: refused.
+    // (the notice before it is Postgres' 22P06 warning about `\'`)
+    assert_eq!(codes(&s.simple(hidden).await).last().map(String::as_str), Some("PF004"));
+    // A text without a backslash is rewritten in flight too: no row of epoch 2 changes.
+    let plain = "UPDATE sweep_state SET note = 'a', last_epoch = 0 WHERE id = 1 RETURNING id";
+    s.send(&[query("SET standard_conforming_strings = on"), query(plain)].concat())
+        .await;
+    s.read_until(|m| m.tag == b'Z').await;
+    let done = s.read_until(|m| m.tag == b'Z').await;
+    assert!(codes(&done).is_empty(), "{done:?}");
+    assert_eq!(f.note().await, ("b".to_owned(), 2));
+    // Control: the same text straight to Postgres lowers the row's epoch.
+    let mut d = f.raw(f.cluster.port(), "1", &[]).await;
+    d.send(&[set_off, query(hidden)].concat()).await;
+    d.read_until(|m| m.tag == b'Z').await;
+    let ran = d.read_until(|m| m.tag == b'Z').await;
+    assert!(!ran.iter().any(|m| m.tag == b'E'), "{ran:?}");
+    assert_eq!(f.note().await.1, 0);
+}
