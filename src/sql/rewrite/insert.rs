@@ -280,6 +280,11 @@ impl Rw<'_, '_> {
         if !(t.is(act + 1, "update") && t.is(act + 2, "set")) {
             return Err(shape("an unknown ON CONFLICT action"));
         }
+        // A target named or aliased `excluded` shares its name with the row proposed for
+        // insertion: a column qualified with it is ambiguous (42P09), and unqualified too.
+        if t.ident(q).is_none_or(|name| name == "excluded") {
+            return Err(shape("ON CONFLICT DO UPDATE on a target named excluded"));
+        }
         let wh = t.clause(act + 3, ret, d, &["where"]);
         self.assignments(act + 3, wh.unwrap_or(ret), d)?;
         self.where_clause(wh, ret, q)
