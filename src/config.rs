@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::sql::lex::MAX_IDENT_BYTES as MAX_NAME_BYTES;
 use crate::sql::name::TableName;
 
 /// Default address pgfence listens on.
@@ -286,6 +287,12 @@ impl RawFence {
                 "database must name a database (leave it out to fence the tables in every database)".into(),
             ));
         }
+        if self.database.as_ref().is_some_and(|d| d.len() > MAX_NAME_BYTES) {
+            // Postgres cuts a longer name to 63 bytes: no session would carry this one.
+            return Err(invalid(format!(
+                "database is longer than {MAX_NAME_BYTES} bytes, the most a Postgres name holds"
+            )));
+        }
         let tables = self
             .tables
             .iter()
@@ -465,6 +472,11 @@ mod tests {
             (
                 "[[fence]]\nname = \"a\"\ndatabase = \"\"\ntables = [\"t\"]",
                 "must name a database",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ndatabase = \"d123456789d123456789d123456789d123456789d123456789d123456789d123\"\n\
+                 tables = [\"t\"]",
+                "longer than 63 bytes",
             ),
             ("upstream = \"127.0.0.1:0\"", "port 0"),
             (

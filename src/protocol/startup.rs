@@ -155,31 +155,55 @@ impl StartupMessage {
 
     /// Settings given with `-c name=value` or `--name=value` in the `options`
     /// parameter, split the way Postgres splits them (whitespace separates,
-    /// a backslash escapes the next character).
+    /// a backslash escapes the next character) and read as its `getopt` reads its
+    /// switches: flags may share a word (`-ec name=value`), and a switch that takes a
+    /// value takes the rest of its word or else the next word, whatever it looks like
+    /// (`-C --name=value` sets nothing). `--` alone ends the switches. Words Postgres
+    /// would refuse (an unknown switch, a stray argument) fail its startup anyway.
     pub fn option_settings(&self) -> Vec<(String, String)> {
         let Some(options) = self.get("options") else {
             return Vec::new();
         };
         let words = split_options(options);
         let mut out = Vec::new();
-        let mut i = 0;
-        while i < words.len() {
-            let w = &words[i];
-            let setting = if w == "-c" {
-                i += 1;
-                words.get(i).map(String::as_str)
-            } else {
-                w.strip_prefix("-c").or_else(|| w.strip_prefix("--"))
-            };
-            if let Some((k, v)) = setting.and_then(|s| s.split_once('=')) {
-                // Postgres treats '-' in option names as '_'.
-                out.push((k.replace('-', "_"), v.to_owned()));
+        let mut words = words.iter();
+        while let Some(w) = words.next() {
+            if w == "--" {
+                break;
             }
-            i += 1;
+            let Some(flags) = w.strip_prefix('-').filter(|f| !f.is_empty()) else {
+                continue;
+            };
+            for (i, c) in flags.char_indices() {
+                if FLAG_SWITCHES.contains(c) {
+                    continue;
+                }
+                if VALUE_SWITCHES.contains(c) {
+                    let rest = &flags[i + c.len_utf8()..];
+                    let value = if rest.is_empty() {
+                        words.next().map(String::as_str)
+                    } else {
+                        Some(rest)
+                    };
+                    if matches!(c, 'c' | '-')
+                        && let Some((k, v)) = value.and_then(|v| v.split_once('='))
+                    {
+                        // Postgres treats '-' in option names as '_'.
+                        out.push((k.replace('-', "_"), v.to_owned()));
+                    }
+                }
+                // A switch with a value ends the word; an unknown one fails Postgres' startup.
+                break;
+            }
         }
         out
     }
 }
+
+/// Postgres' backend switches without a value (`getopt`'s option string, PostgreSQL 15).
+const FLAG_SWITCHES: &str = "bEeFijlnOPsT";
+/// Its switches that take a value.
+const VALUE_SWITCHES: &str = "BCcDdfhkNprStvW-";
 
 fn split_options(s: &str) -> Vec<String> {
     let mut words = Vec::new();
@@ -316,5 +340,29 @@ mod tests {
                 ("work_mem".to_string(), "1MB".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn options_are_read_as_postgres_getopt_reads_them() {
+        let settings = |options: &str| {
+            let FirstPacket::Startup(m) = parse_first_packet(&startup(&[("options", options)])).unwrap() else {
+                panic!()
+            };
+            m.option_settings()
+        };
+        let epoch = |v: &str| vec![("pgfence.epoch".to_string(), v.to_string())];
+        // A switch that takes a value takes the next word, whatever it looks like.
+        assert_eq!(settings("-c pgfence.epoch=1 -C --pgfence.epoch=9"), epoch("1"));
+        assert_eq!(settings("-c pgfence.epoch=1 -r -cpgfence.epoch=9"), epoch("1"));
+        // (the stray word left after `-D -c` fails the startup in Postgres)
+        assert_eq!(settings("-c pgfence.epoch=1 -D -c pgfence.epoch=9"), epoch("1"));
+        // Flags share a word with a switch after them.
+        assert_eq!(settings("-ec pgfence.epoch=3"), epoch("3"));
+        assert_eq!(settings("-Fecpgfence.epoch=4"), epoch("4"));
+        // A value switch ends its word: `-Cc` asks for the value of a setting named "c".
+        assert_eq!(settings("-Cc pgfence.epoch=5"), vec![]);
+        // `--` ends the switches; stray words are skipped (Postgres refuses them anyway).
+        assert_eq!(settings("-c pgfence.epoch=1 -- -c pgfence.epoch=9"), epoch("1"));
+        assert_eq!(settings("stray -c pgfence.epoch=6"), epoch("6"));
     }
 }

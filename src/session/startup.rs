@@ -23,6 +23,7 @@ use crate::protocol::codec;
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
 use crate::protocol::startup::{FirstPacket, StartupError, StartupMessage, read_first_packet};
 use crate::server::{CancelKeyGuard, ServerContext, UpstreamKey};
+use crate::sql::lex::truncate_ident;
 
 /// Postgres' `authentication_timeout` default.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -115,12 +116,15 @@ async fn establish_inner(
         }
     };
     started.store(true, Ordering::Relaxed);
-    let user = startup.get("user").unwrap_or_default().to_owned();
-    let database = startup
+    let mut user = startup.get("user").unwrap_or_default().to_owned();
+    // Postgres cuts both names to 63 bytes: a longer database name reaches that database.
+    truncate_ident(&mut user);
+    let mut database = startup
         .get("database")
         .filter(|d| !d.is_empty())
         .unwrap_or(&user)
         .to_owned();
+    truncate_ident(&mut database);
     let span = tracing::Span::current();
     span.record("user", user.as_str());
     span.record("db", database.as_str());

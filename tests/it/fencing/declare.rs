@@ -320,6 +320,26 @@ async fn a_repeated_startup_parameter_counts_as_postgres_counts_it() {
     );
     assert!(codes(&s.simple(WRITE).await).is_empty());
     assert_eq!(f.note().await.0, "w");
+    // `options` read as Postgres' getopt reads them: `-C` takes the next word as its value,
+    // so epoch 9 is never declared and the session is at the stale epoch 1.
+    f.admin
+        .execute("UPDATE sweep_state SET note = 'init' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("options", "-c pgfence.epoch=1 -C --pgfence.epoch=9"),
+    ];
+    let (mut s, started) = Raw::startup(f.proxy.port(), &params).await;
+    assert_eq!(started.last().map(|m| m.tag), Some(b'Z'), "{started:?}");
+    let shown = s.simple("SHOW pgfence.epoch").await;
+    assert!(
+        shown.iter().any(|m| m.tag == b'D' && m.body.ends_with(b"1")),
+        "{shown:?}"
+    );
+    assert_eq!(codes(&s.simple(WRITE).await), ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
     // Control: straight to Postgres the stale write lands.
     f.admin
         .execute("UPDATE sweep_state SET note = 'init' WHERE id = 1", &[])
@@ -327,4 +347,42 @@ async fn a_repeated_startup_parameter_counts_as_postgres_counts_it() {
         .unwrap();
     assert!(stale_in(f.cluster.port()).await.is_empty());
     assert_eq!(f.note().await.0, "w");
+}
+
+/// Postgres cuts a startup packet's database name to 63 bytes; a fence restricted to a
+/// database of 63 bytes applies to a session that named it with more.
+#[tokio::test]
+async fn a_database_name_is_cut_to_63_bytes_as_postgres_cuts_it() {
+    use super::{SEED_SQL, install};
+    use crate::common::inproc::Proxy;
+    let cluster = Cluster::shared();
+    let name = format!("{:x<63}", "it_long_name_");
+    cluster
+        .admin("postgres")
+        .await
+        .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+        .await
+        .unwrap();
+    let toml = format!("[[fence]]\nname = \"sweeper\"\ndatabase = \"{name}\"\ntables = [\"sweep_state\"]\n");
+    let mut admin = cluster.admin(&name).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install(&mut admin, cluster.port(), &toml).await;
+    let proxy = Proxy::start(cluster.port(), &toml).await;
+    let longer = format!("{name}zzz");
+    let write_as = |port| {
+        let longer = longer.clone();
+        async move {
+            let (mut s, started) = Raw::startup(port, &[("user", "postgres"), ("database", &longer)]).await;
+            assert_eq!(started.last().map(|m| m.tag), Some(b'Z'), "{started:?}");
+            codes(&s.simple(WRITE).await)
+        }
+    };
+    assert_eq!(write_as(proxy.port()).await, ["PF002"]);
+    let note = "SELECT note FROM sweep_state WHERE id = 1";
+    let got: String = admin.query_one(note, &[]).await.unwrap().get(0);
+    assert_eq!(got, "init");
+    // Control: straight to Postgres the longer name reaches the database and writes.
+    assert!(write_as(cluster.port()).await.is_empty());
+    let got: String = admin.query_one(note, &[]).await.unwrap().get(0);
+    assert_eq!(got, "w");
 }
