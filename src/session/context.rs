@@ -21,6 +21,8 @@ pub struct DbFences {
     pub applicable: Vec<FenceId>,
     /// Each fence's lease table as text for the guard, if it has a lease.
     pub lease_tables: Vec<Option<String>>,
+    /// Whether a fenced table of this database has a non-ASCII character in its name.
+    pub non_ascii_tables: bool,
     /// Analyzers for `standard_conforming_strings` on (`[0]`, the default) and off (`[1]`):
     /// the setting changes where strings end, so the two must not share a cache.
     analyzers: [Mutex<Analyzer>; 2],
@@ -64,8 +66,12 @@ impl DbFences {
                 _ => None,
             })
             .collect();
+        let non_ascii_tables = tables
+            .iter()
+            .any(|(t, _)| !t.name.is_ascii() || t.schema.as_deref().is_some_and(|s| !s.is_ascii()));
         Self {
             rewriters,
+            non_ascii_tables,
             config,
             names,
             applicable,
@@ -93,14 +99,6 @@ impl DbFences {
         let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
         let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze_repeated(sql)
-    }
-
-    /// Whether `sql` may name a fenced table of this database anywhere (see
-    /// `FenceSet::named_anywhere`). For texts pgfence cannot lex as Postgres will, where
-    /// only such a mention can hide a write.
-    pub fn may_name_any(&self, sql: &str) -> bool {
-        let analyzer = self.analyzers[0].lock().unwrap_or_else(|p| p.into_inner());
-        analyzer.fences().named_anywhere(sql)
     }
 
     /// Whether `fence` is in rewrite mode.

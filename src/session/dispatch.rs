@@ -151,6 +151,14 @@ impl Dispatcher {
             return Some(raise_block(&r));
         }
         let analysis = self.fences.analyze(sql, shared.reported.standard_conforming_strings);
+        if !exact && let Some(r) = self.lossy(&analysis) {
+            shared.pending.push_back(Unit::Query {
+                parts: Vec::new(),
+                done: 0,
+                positions: None,
+            });
+            return Some(raise_block(&r));
+        }
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
             // and a PREPARE of a fake one: close and prepare them again before use.
@@ -465,20 +473,22 @@ impl Dispatcher {
         // Postgres reports a changed setting just before ReadyForQuery: after an Execute,
         // only once a Sync has come, even when every reply is in.
         let in_flight = !shared.pending.is_empty() || unsynced;
+        // Whatever the text names: what Postgres reads after the string's real end can be
+        // any statement (an EXECUTE of a prepared write, a FETCH, a declaration).
         if (in_flight || shared.reported.encoding_hides_backslash)
             && hides_backslash(sql)
-            && self.fences.may_name_any(sql)
+            && !self.fences.applicable.is_empty()
         {
             let (message, hint) = if shared.reported.encoding_hides_backslash {
                 (
                     "pgfence: statement has a multibyte character before a backslash, which this session's \
-                     client_encoding may read differently, and may write a fenced table; refused",
+                     client_encoding may read differently, on a database with fenced tables; refused",
                     "Use client_encoding UTF8 for sessions that write fenced tables.",
                 )
             } else {
                 (
                     "pgfence: statement has a multibyte character before a backslash, a request in flight may \
-                     change client_encoding to one that reads it differently, and it may write a fenced table; \
+                     change client_encoding to one that reads it differently, on a database with fenced tables; \
                      refused",
                     "Send such a statement once the answers to the requests before it have arrived, or pass the \
                      value as a parameter.",
@@ -509,6 +519,24 @@ impl Dispatcher {
             }
         }
         None
+    }
+
+    /// A refusal (PF004) for a text that is not valid UTF-8 (pgfence read a lossy copy, as
+    /// the client's encoding is another) on a database with fences, unless it is plain and
+    /// no fenced table's name has a non-ASCII character: in the copy every byte that is not
+    /// UTF-8 is the same character, so names Postgres tells apart (statements, portals,
+    /// savepoints, tables) would be one to pgfence.
+    fn lossy(&self, analysis: &Analysis) -> Option<Rejection> {
+        if self.fences.applicable.is_empty() || (analysis.is_plain() && !self.fences.non_ascii_tables) {
+            return None;
+        }
+        Some(Rejection {
+            code: crate::error::sqlstate::UNANALYSABLE,
+            message: "pgfence: statement is not valid UTF-8, and pgfence cannot tell the names in it apart on a \
+                      database with fenced tables; refused"
+                .into(),
+            hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+        })
     }
 
     /// Whether pgfence may rewrite the statement's text (a write to a rewrite-mode table,
@@ -569,6 +597,12 @@ impl Dispatcher {
         let analysis = self
             .fences
             .analyze_parse(sql, shared.reported.standard_conforming_strings);
+        if !exact && let Some(r) = self.lossy(&analysis) {
+            self.rw_statements.remove(name);
+            let defined = shared.define(name, self.batch, Arc::default());
+            shared.pending.push_back(Unit::Parse(None, Some(defined), None));
+            return Some(raise_block(&r));
+        }
         let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {

@@ -477,7 +477,9 @@ impl<'a> Ctx<'a> {
     /// may write a fenced table. Beyond a name of one (read as for a `DO` or `CALL`,
     /// strings and escapes included, when the text holds one), that is whatever can write
     /// tables it does not name (`EXECUTE` of a prepared statement; `DROP`, `ALTER` or
-    /// `TRUNCATE` with CASCADE, OWNED or a schema) and a declaration pgfence would not see.
+    /// `TRUNCATE` with CASCADE, OWNED or a schema; `FETCH`/`MOVE` of a bound portal) and
+    /// what changes the session state pgfence keeps without it seeing (a declaration;
+    /// `PREPARE`, `DEALLOCATE`, `RESET`, `DISCARD`; a rollback or a savepoint).
     fn whole_text_kind(&self, span: &Range<usize>) -> StmtKind {
         if self.fences.is_empty() {
             return StmtKind::Other;
@@ -492,7 +494,13 @@ impl<'a> Ctx<'a> {
             }
             if tok.kind == TokenKind::Word {
                 match lower.get(tok.span) {
-                    Some(b"execute" | b"drop" | b"alter" | b"truncate") => unnamed = true,
+                    // Writes through what the text does not name, and changes to what pgfence
+                    // keeps of the session (statements, portals, declarations, savepoints),
+                    // which it would not see.
+                    Some(
+                        b"execute" | b"drop" | b"alter" | b"truncate" | b"fetch" | b"move" | b"prepare" | b"deallocate"
+                        | b"reset" | b"discard" | b"rollback" | b"abort" | b"savepoint" | b"release",
+                    ) => unnamed = true,
                     Some(b"do" | b"call") => routine = true,
                     _ => {}
                 }

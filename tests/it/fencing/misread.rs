@@ -30,19 +30,59 @@ async fn a_backslash_inside_an_sjis_character_hides_nothing() {
     s.send(&raw_query(SJIS_HIDDEN)).await;
     assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
     assert_eq!(f.note().await.0, "init");
-    // SJIS text that cannot hide anything passes: no backslash after a multibyte character,
-    // or no fenced table named.
-    let fine: [&[u8]; 2] = [
-        b"SELECT '\x83\x41', note FROM sweep_state",
-        b"SELECT E'\x83\x5c', note FROM audit",
-    ];
-    for sql in fine {
-        s.send(&raw_query(sql)).await;
-        assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty(), "{sql:?}");
-    }
+    // SJIS text that cannot hide anything passes: no backslash after a multibyte character.
+    s.send(&raw_query(b"SELECT '\x83\x41', note FROM sweep_state")).await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    // With one, the text is refused even if it names no fenced table: what Postgres reads
+    // after the string's end can be anything (see the next test).
+    s.send(&raw_query(b"SELECT E'\x83\x5c', note FROM audit")).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
     // Control: straight to Postgres the stale write lands.
     let mut d = stale(&f, f.cluster.port(), &sjis).await;
     d.send(&raw_query(SJIS_HIDDEN)).await;
+    assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// The SJIS backslash refused whatever the text names: after the string's real end,
+/// Postgres runs an `EXECUTE` of a prepared stale write that names no table.
+#[tokio::test]
+async fn a_backslash_inside_an_sjis_character_hides_no_execute() {
+    let f = Fixture::at_epoch_two().await;
+    let sjis = [("client_encoding", "SJIS")];
+    let hidden: &[u8] = b"SELECT E'\x95\x5c'; EXECUTE w; --'";
+    let prepare = "PREPARE w AS UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+    let mut s = stale(&f, f.proxy.port(), &sjis).await;
+    assert!(codes(&s.simple(prepare).await).is_empty());
+    s.send(&raw_query(hidden)).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    let mut d = stale(&f, f.cluster.port(), &sjis).await;
+    assert!(codes(&d.simple(prepare).await).is_empty());
+    d.send(&raw_query(hidden)).await;
+    assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// With a single-byte `client_encoding` such as LATIN1 the text is not UTF-8, and pgfence
+/// reads a copy where every such byte is one character: `é` and `è` are one name. A text
+/// that does more than read is refused; a plain read passes.
+#[tokio::test]
+async fn names_in_a_text_that_is_not_utf8_are_not_confused() {
+    let f = Fixture::at_epoch_two().await;
+    let latin1 = [("client_encoding", "LATIN1")];
+    let hidden: &[u8] = b"PREPARE \xe9 AS UPDATE sweep_state SET note = 'stale' WHERE id = 1; \
+                          PREPARE \xe8 AS SELECT 1; EXECUTE \xe9";
+    let mut s = stale(&f, f.proxy.port(), &latin1).await;
+    s.send(&raw_query(hidden)).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    s.send(&raw_query(b"SELECT 'caf\xe9', note FROM sweep_state")).await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    let mut d = stale(&f, f.cluster.port(), &latin1).await;
+    d.send(&raw_query(hidden)).await;
     assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
     assert_eq!(f.note().await.0, "stale");
 }
@@ -143,9 +183,9 @@ async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
     );
     s.simple("ROLLBACK").await;
     // A session at the current epoch tries to replace its guard statement by a fake
-    // through such a text: refused, since it mentions pgfence; a text that does not drops
-    // the guard statement (DEALLOCATE ALL) and pgfence prepares it again. After the takeover
-    // the write is still checked by the real guard.
+    // through such a text: refused, since it mentions pgfence; one that drops every
+    // prepared statement (DEALLOCATE ALL) is refused too, as what changes the statements
+    // pgfence keeps. After the takeover the write is still checked by the real guard.
     let two = f.leader(2).await;
     two.execute("UPDATE sweep_state SET note = 'two' WHERE id = 1", &[])
         .await
@@ -158,7 +198,12 @@ async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
         ))
         .await;
     assert_eq!(super::code(&r), "PF004");
-    two.batch_execute("CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; DEALLOCATE ALL")
+    let r = two
+        .batch_execute("CREATE FUNCTION pg_temp.m(begin int) RETURNS int LANGUAGE sql AS 'select 1'; DEALLOCATE ALL")
+        .await;
+    assert_eq!(super::code(&r), "PF004");
+    // One that changes nothing pgfence keeps passes, and pgfence prepares its guard again.
+    two.batch_execute("CREATE FUNCTION pg_temp.m2(begin int) RETURNS int LANGUAGE sql AS 'select 1'; SELECT 2")
         .await
         .unwrap();
     f.takeover("c").await;

@@ -6,11 +6,11 @@
 mod copy_in;
 mod declare;
 mod durability;
-mod fetch;
 mod locking;
 mod misread;
 mod model;
 mod own_statement;
+mod portals;
 mod positions;
 mod short_path;
 mod statement_names;

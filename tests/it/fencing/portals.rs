@@ -1,7 +1,8 @@
-//! SQL `FETCH` and `MOVE` run a portal, and a portal bound with the protocol may hold a
-//! write: Postgres runs an `INSERT`/`UPDATE`/`DELETE … RETURNING` (or a data-modifying
-//! WITH) at the portal's first fetch, whichever way that fetch comes. A fetch by SQL is
-//! checked as the write it runs; each case has its control straight to Postgres.
+//! Portals that run a write other than by the Execute that follows their Bind. SQL
+//! `FETCH` and `MOVE` run a portal, and a portal bound with the protocol may hold a write:
+//! Postgres runs an `INSERT`/`UPDATE`/`DELETE … RETURNING` (or a data-modifying WITH) at the
+//! portal's first fetch, whichever way that fetch comes. And a Bind Postgres refuses leaves
+//! the portal it would have replaced in place. Each case has its control straight to Postgres.
 
 use super::Fixture;
 use crate::common::raw::{Raw, bind, codes, parse, query, sync, tags};
@@ -82,5 +83,26 @@ async fn a_portal_fetched_by_sql_is_checked_as_the_write_it_runs() {
     // Control: straight to Postgres the stale fetch commits its write.
     let mut d = f.raw(f.cluster.port(), "1", &[]).await;
     assert!(fetch_in_transaction(&mut d, "p", "FETCH ALL FROM p").await.is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// A text pgfence takes whole (psql's routine-body rule decides its statement ends) that
+/// fetches a portal bound to a stale write is refused.
+#[tokio::test]
+async fn a_fetch_inside_a_text_taken_whole_is_refused() {
+    let f = Fixture::at_epoch_two().await;
+    let text = "CREATE FUNCTION pg_temp.f(begin int) RETURNS int LANGUAGE sql AS 'select 1'; FETCH ALL FROM p";
+    let mut s = f.raw(f.proxy.port(), "1", &[]).await;
+    s.simple("BEGIN").await;
+    bind_portal(&mut s, "p", STALE_UPDATE).await;
+    assert_eq!(codes(&s.simple(text).await), ["PF004"]);
+    s.simple("COMMIT").await;
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    let mut d = f.raw(f.cluster.port(), "1", &[]).await;
+    d.simple("BEGIN").await;
+    bind_portal(&mut d, "p", STALE_UPDATE).await;
+    assert!(codes(&d.simple(text).await).is_empty());
+    d.simple("COMMIT").await;
     assert_eq!(f.note().await.0, "stale");
 }
