@@ -14,7 +14,9 @@ use super::context::DbFences;
 use super::declare::Declarations;
 use super::positions::SentText;
 use super::rewriting::RwStatement;
-use super::state::{Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Shared, Unit, own_portal};
+use super::state::{
+    Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Rebind, Shared, Unit, own_portal,
+};
 use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
 use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
@@ -635,14 +637,21 @@ impl Dispatcher {
         if let Some(old) = old {
             analysis = self.either(shared, &old, analysis);
         }
-        shared.portals.insert(portal.to_owned(), (analysis, self.sent, exact));
+        let before = shared
+            .portals
+            .insert(portal.to_owned(), (analysis.clone(), self.sent, exact));
+        let rebind = Box::new(Rebind {
+            portal: portal.to_owned(),
+            bound: analysis,
+            before,
+        });
         // A rewrite Postgres plans again at this Bind (a table it names changed) reports
         // its errors in the rewritten text.
         let positions = self
             .rw_statements
             .get(statement)
             .and_then(|rw| rw.last.positions.clone());
-        shared.pending.push_back(Unit::Bind(None, positions));
+        shared.pending.push_back(Unit::Bind(None, positions, Some(rebind)));
     }
 
     /// Execute: appends the guard (or rejection) messages that must run
@@ -853,7 +862,9 @@ impl Dispatcher {
         }
         let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
         codec::bind_text(out, own_portal(), name, &params);
-        shared.pending.push_back(Unit::Bind(Some(Injected::Plumbing), None));
+        shared
+            .pending
+            .push_back(Unit::Bind(Some(Injected::Plumbing), None, None));
         codec::execute(out, own_portal());
         shared.pending.push_back(Unit::Execute(Some(injected), None));
         codec::close_portal(out, own_portal());

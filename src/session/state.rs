@@ -202,6 +202,21 @@ pub struct Part {
 }
 
 /// A request awaiting its replies.
+/// What a portal holds: its statement's analysis, the Sync count it was bound at, and the
+/// dispatcher's batch when bound from the one definition its statement can have.
+pub type PortalEntry = (Arc<Analysis>, u64, Option<u64>);
+
+/// A client's Bind of `portal` to `bound`, and the entry it replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rebind {
+    /// The portal name.
+    pub portal: String,
+    /// What the Bind put there.
+    pub bound: Arc<Analysis>,
+    /// What was there before.
+    pub before: Option<PortalEntry>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unit {
     /// A simple Query; `parts` is empty when every statement is the client's own and has no effect.
@@ -218,8 +233,9 @@ pub enum Unit {
     /// Parse; the client's carry the definition it makes, and how the text sent was made
     /// from theirs when it is not theirs.
     Parse(Option<Injected>, Option<Defined>, Option<Arc<Positions>>),
-    /// Bind; of a client's rewritten statement, how its text was made.
-    Bind(Option<Injected>, Option<Arc<Positions>>),
+    /// Bind; of a client's rewritten statement, how its text was made; of a client's, the
+    /// portal it replaces, to restore if Postgres refuses or skips it.
+    Bind(Option<Injected>, Option<Arc<Positions>>, Option<Box<Rebind>>),
     /// Describe.
     Describe,
     /// Execute.
@@ -354,7 +370,7 @@ pub struct Shared {
     /// Portals: analysis, the Sync count they were bound at, and the dispatcher's batch
     /// when they were bound from the one definition their statement can have (see
     /// `Dispatcher::exact_definition`).
-    pub portals: HashMap<String, (Arc<Analysis>, u64, Option<u64>)>,
+    pub portals: HashMap<String, PortalEntry>,
     /// What the server reported that decides how texts are read.
     pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
@@ -523,7 +539,7 @@ impl Shared {
                 }
                 Verdict::Forward
             }
-            Unit::Parse(inj, ..) | Unit::Bind(inj, _) | Unit::Close(inj, _) => {
+            Unit::Parse(inj, ..) | Unit::Bind(inj, ..) | Unit::Close(inj, _) => {
                 let inj = *inj;
                 match tag {
                     b'1' | b'2' | b'3' => {
@@ -795,6 +811,24 @@ impl Shared {
         }
     }
 
+    /// A client's Bind that Postgres refused or skipped: the portal it would have replaced
+    /// is still there (a wrong parameter count fails before the old unnamed portal goes, and
+    /// a savepoint can bring the transaction back), so its statement is what the name runs.
+    /// Unless a later Bind of the name already took its place.
+    fn unbind(&mut self, r: Rebind) {
+        if !self
+            .portals
+            .get(&r.portal)
+            .is_some_and(|(a, ..)| Arc::ptr_eq(a, &r.bound))
+        {
+            return;
+        }
+        match r.before {
+            Some(before) => self.portals.insert(r.portal, before),
+            None => self.portals.remove(&r.portal),
+        };
+    }
+
     /// The open transaction ended: its settings changes commit or roll back with it.
     fn end_transaction(&mut self, committed: bool) {
         self.declared.end_transaction(committed);
@@ -839,7 +873,12 @@ impl Shared {
                 }
                 positions
             }
-            Some(Unit::Bind(_, positions)) => positions,
+            Some(Unit::Bind(_, positions, rebind)) => {
+                if let Some(r) = rebind {
+                    self.unbind(*r);
+                }
+                positions
+            }
             _ => None,
         };
         self.tx_error = true;
@@ -905,11 +944,11 @@ impl Shared {
                     self.own.insert(*s, Prepared::No);
                     self.pending.pop_front();
                 }
-                Some(_) => {
-                    if let Some(Unit::Parse(_, Some(d), _)) = self.pending.pop_front() {
-                        self.forget_failed(&d);
-                    }
-                }
+                Some(_) => match self.pending.pop_front() {
+                    Some(Unit::Parse(_, Some(d), _)) => self.forget_failed(&d),
+                    Some(Unit::Bind(_, _, Some(r))) => self.unbind(*r),
+                    _ => {}
+                },
             }
         }
     }

@@ -5,7 +5,7 @@
 //! the portal it would have replaced in place. Each case has its control straight to Postgres.
 
 use super::Fixture;
-use crate::common::raw::{Raw, bind, codes, parse, query, sync, tags};
+use crate::common::raw::{Raw, bind, codes, execute, parse, query, sync, tags};
 
 const STALE_UPDATE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id";
 
@@ -83,6 +83,55 @@ async fn a_portal_fetched_by_sql_is_checked_as_the_write_it_runs() {
     // Control: straight to Postgres the stale fetch commits its write.
     let mut d = f.raw(f.cluster.port(), "1", &[]).await;
     assert!(fetch_in_transaction(&mut d, "p", "FETCH ALL FROM p").await.is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// `BEGIN`, the unnamed portal bound to a stale write, a savepoint, a Bind of the unnamed
+/// portal that Postgres refuses (one parameter too many, 08P01, before the old portal
+/// goes), `ROLLBACK TO` the savepoint by a named portal, then Execute of the unnamed portal: it runs the
+/// write, so pgfence checks the write. Returns the Execute's error codes.
+async fn execute_after_a_refused_bind(s: &mut Raw) -> Vec<String> {
+    s.simple("BEGIN").await;
+    s.send(
+        &[
+            parse("", STALE_UPDATE),
+            bind("", "", &[]),
+            parse("sp", "SAVEPOINT sp"),
+            bind("sp", "sp", &[]),
+            execute("sp"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "1212CZ");
+    s.send(&[parse("one", "SELECT 1"), bind("", "one", &["x"]), sync()].concat())
+        .await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["08P01"]);
+    // By portal: a simple Query would drop the unnamed portal.
+    let rollback_to = [
+        parse("rb", "ROLLBACK TO SAVEPOINT sp"),
+        bind("rb", "rb", &[]),
+        execute("rb"),
+        sync(),
+    ];
+    s.send(&rollback_to.concat()).await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    s.send(&[execute(""), sync()].concat()).await;
+    let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+    s.simple("COMMIT").await;
+    got
+}
+
+#[tokio::test]
+async fn a_refused_bind_leaves_the_portal_it_would_replace() {
+    let f = Fixture::at_epoch_two().await;
+    let mut s = f.raw(f.proxy.port(), "1", &[]).await;
+    assert_eq!(execute_after_a_refused_bind(&mut s).await, ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control: straight to Postgres the old portal's stale write commits.
+    let mut d = f.raw(f.cluster.port(), "1", &[]).await;
+    assert!(execute_after_a_refused_bind(&mut d).await.is_empty());
     assert_eq!(f.note().await.0, "stale");
 }
 
