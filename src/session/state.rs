@@ -201,7 +201,6 @@ pub struct Part {
     pub effect: Option<Effect>,
 }
 
-/// A request awaiting its replies.
 /// What a portal holds: its statement's analysis, the Sync count it was bound at, and the
 /// dispatcher's batch when bound from the one definition its statement can have.
 pub type PortalEntry = (Arc<Analysis>, u64, Option<u64>);
@@ -217,6 +216,7 @@ pub struct Rebind {
     pub before: Option<PortalEntry>,
 }
 
+/// A request awaiting its replies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unit {
     /// A simple Query; `parts` is empty when every statement is the client's own and has no effect.
