@@ -15,7 +15,7 @@ use super::declare::Declarations;
 use super::positions::SentText;
 use super::rewriting::RwStatement;
 use super::state::{
-    Defined, Definition, Effect, Injected, OwnStatement, Part, Prepared, Rebind, Shared, Unit, own_portal,
+    Defined, Definition, Effect, Injected, OwnStatement, Part, PortalEntry, Prepared, Rebind, Shared, Unit, own_portal,
 };
 use crate::fence::call as guard_sql;
 use crate::fence::epoch::Epoch;
@@ -70,6 +70,9 @@ impl Need {
         }
     }
 }
+
+/// How many portals deep a `FETCH` of a portal whose statement is a `FETCH` is followed.
+const MAX_FETCH_DEPTH: usize = 4;
 
 /// The client-side half of a session.
 pub struct Dispatcher {
@@ -629,7 +632,7 @@ impl Dispatcher {
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
         // and keeps the old portal, so an Execute of the name may run either.
         let old = (!portal.is_empty())
-            .then(|| shared.portals.get(portal).map(|(a, _, _)| a.clone()))
+            .then(|| shared.portals.get(portal).map(|e| e.analysis.clone()))
             .flatten();
         self.bind_rewrite(shared, portal, statement, old.is_some(), out);
         let exact = (old.is_none() && self.exact_definition(shared, statement)).then_some(self.batch);
@@ -637,12 +640,18 @@ impl Dispatcher {
         if let Some(old) = old {
             analysis = self.either(shared, &old, analysis);
         }
-        let before = shared
-            .portals
-            .insert(portal.to_owned(), (analysis.clone(), self.sent, exact));
+        shared.binds += 1;
+        let bind = shared.binds;
+        let entry = PortalEntry {
+            analysis,
+            sent: self.sent,
+            exact,
+            bind,
+        };
+        let before = shared.portals.insert(portal.to_owned(), entry);
         let rebind = Box::new(Rebind {
             portal: portal.to_owned(),
-            bound: analysis,
+            bind,
             before,
         });
         // A rewrite Postgres plans again at this Bind (a table it names changed) reports
@@ -668,7 +677,7 @@ impl Dispatcher {
             return;
         }
         let (analysis, exact) = match shared.portals.get(portal) {
-            Some((a, _, exact)) => (a.clone(), *exact == Some(self.batch)),
+            Some(e) => (e.analysis.clone(), e.exact == Some(self.batch)),
             None => (Arc::default(), false),
         };
         let mut effect = None;
@@ -713,7 +722,8 @@ impl Dispatcher {
     pub fn on_close(&mut self, shared: &mut Shared, kind: u8, name: &str) {
         self.close_rewrite(kind, name);
         if kind != b'S' {
-            shared.pending.push_back(Unit::ClosePortal(name.to_owned()));
+            let bind = shared.portals.get(name).map(|e| e.bind);
+            shared.pending.push_back(Unit::ClosePortal(name.to_owned(), bind));
             return;
         }
         if let Some(own) = OwnStatement::named(name) {
@@ -880,7 +890,7 @@ impl Dispatcher {
                 [stmt] => self.kind_need(&stmt.kind),
                 _ => Need::None,
             },
-            StmtKind::Fetch { portals } => self.fetch_need(shared, portals),
+            StmtKind::Fetch { portals } => self.fetch_need(shared, portals, 0),
             kind => self.kind_need(kind),
         }
     }
@@ -890,22 +900,28 @@ impl Dispatcher {
     /// saw bound is a `DECLARE`d cursor, which only reads. Postgres runs a portal's write
     /// at its first fetch, and the portal lives on to the end of its transaction, so an
     /// Execute's guard does not cover a portal fetched this way.
-    fn fetch_need(&self, shared: &Shared, portals: &[Option<String>]) -> Need {
+    /// A portal's statement can be a `FETCH` of another portal: followed `MAX_FETCH_DEPTH`
+    /// deep, then taken as one that may write any fence.
+    fn fetch_need(&self, shared: &Shared, portals: &[Option<String>], depth: usize) -> Need {
         let portal_need = |analysis: &Analysis| match analysis.statements.as_slice() {
             [] => Need::None,
-            [stmt] => self.definition_need(shared, &stmt.kind, true),
+            [stmt] => match &stmt.kind {
+                StmtKind::Fetch { .. } if depth >= MAX_FETCH_DEPTH => Need::Unanalysable(Vec::new()),
+                StmtKind::Fetch { portals } => self.fetch_need(shared, portals, depth + 1),
+                kind => self.definition_need(shared, kind, true),
+            },
             _ => Need::Unanalysable(Vec::new()),
         };
         let mut need = Need::None;
         if portals.iter().any(Option::is_none) {
-            for (analysis, _, _) in shared.portals.values() {
-                need = need.union(portal_need(analysis));
+            for e in shared.portals.values() {
+                need = need.union(portal_need(&e.analysis));
             }
             return need;
         }
         for name in portals.iter().flatten() {
-            if let Some((analysis, _, _)) = shared.portals.get(name) {
-                need = need.union(portal_need(analysis));
+            if let Some(e) = shared.portals.get(name) {
+                need = need.union(portal_need(&e.analysis));
             }
         }
         need

@@ -201,17 +201,27 @@ pub struct Part {
     pub effect: Option<Effect>,
 }
 
-/// What a portal holds: its statement's analysis, the Sync count it was bound at, and the
-/// dispatcher's batch when bound from the one definition its statement can have.
-pub type PortalEntry = (Arc<Analysis>, u64, Option<u64>);
+/// What a portal holds, as pgfence expects Postgres to hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortalEntry {
+    /// What its statement does.
+    pub analysis: Arc<Analysis>,
+    /// The Sync count it was bound at.
+    pub sent: u64,
+    /// The dispatcher's batch when bound from the one definition its statement can have
+    /// (see `Dispatcher::exact_definition`).
+    pub exact: Option<u64>,
+    /// The number of the Bind that made it ([`Shared::binds`]).
+    pub bind: u64,
+}
 
-/// A client's Bind of `portal` to `bound`, and the entry it replaced.
+/// A client's Bind of `portal`, numbered `bind`, and the entry it replaced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rebind {
     /// The portal name.
     pub portal: String,
-    /// What the Bind put there.
-    pub bound: Arc<Analysis>,
+    /// The Bind's number.
+    pub bind: u64,
     /// What was there before.
     pub before: Option<PortalEntry>,
 }
@@ -244,7 +254,7 @@ pub enum Unit {
     Close(Option<Injected>, Option<Defined>),
     /// The client's Close of this portal: pgfence forgets what it runs once Postgres
     /// confirms (a Close skipped after an error leaves the portal in place).
-    ClosePortal(String),
+    ClosePortal(String, Option<u64>),
     /// Sync; `after_copy_data`: CopyData was sent before it while Postgres was not known
     /// to copy (see [`Shared::copy_syncs`]).
     Sync {
@@ -371,6 +381,8 @@ pub struct Shared {
     /// when they were bound from the one definition their statement can have (see
     /// `Dispatcher::exact_definition`).
     pub portals: HashMap<String, PortalEntry>,
+    /// Client Binds sent so far: each portal entry's number.
+    pub binds: u64,
     /// What the server reported that decides how texts are read.
     pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
@@ -432,7 +444,7 @@ impl Shared {
             && self.pending.iter().all(|u| {
                 matches!(
                     u,
-                    Unit::Parse(..) | Unit::Bind(..) | Unit::Describe | Unit::Close(..) | Unit::ClosePortal(_)
+                    Unit::Parse(..) | Unit::Bind(..) | Unit::Describe | Unit::Close(..) | Unit::ClosePortal(..)
                 )
             })
     }
@@ -561,9 +573,12 @@ impl Shared {
                     _ => Verdict::Forward,
                 }
             }
-            Unit::ClosePortal(_) => match tag {
+            Unit::ClosePortal(..) => match tag {
                 b'3' => {
-                    if let Some(Unit::ClosePortal(name)) = self.pending.pop_front() {
+                    // Unless a Bind sent after the Close has bound the name again.
+                    if let Some(Unit::ClosePortal(name, Some(bind))) = self.pending.pop_front()
+                        && self.portals.get(&name).is_some_and(|e| e.bind == bind)
+                    {
                         self.portals.remove(&name);
                     }
                     Verdict::Forward
@@ -814,19 +829,23 @@ impl Shared {
     /// A client's Bind that Postgres refused or skipped: the portal it would have replaced
     /// is still there (a wrong parameter count fails before the old unnamed portal goes, and
     /// a savepoint can bring the transaction back), so its statement is what the name runs.
-    /// Unless a later Bind of the name already took its place.
+    /// When a later Bind of the name, still unanswered, already took its place, that one
+    /// replaces what this one would have: it inherits `before`.
     fn unbind(&mut self, r: Rebind) {
-        if !self
-            .portals
-            .get(&r.portal)
-            .is_some_and(|(a, ..)| Arc::ptr_eq(a, &r.bound))
-        {
+        if self.portals.get(&r.portal).is_some_and(|e| e.bind == r.bind) {
+            match r.before {
+                Some(before) => self.portals.insert(r.portal, before),
+                None => self.portals.remove(&r.portal),
+            };
             return;
         }
-        match r.before {
-            Some(before) => self.portals.insert(r.portal, before),
-            None => self.portals.remove(&r.portal),
-        };
+        let later = self.pending.iter_mut().find_map(|u| match u {
+            Unit::Bind(_, _, Some(later)) if later.portal == r.portal => Some(later),
+            _ => None,
+        });
+        if let Some(later) = later {
+            later.before = r.before;
+        }
     }
 
     /// The open transaction ended: its settings changes commit or roll back with it.
@@ -846,7 +865,7 @@ impl Shared {
         if status == b'I' {
             self.end_transaction(!self.tx_error);
             let answered = self.answered;
-            self.portals.retain(|_, (_, batch, _)| *batch >= answered);
+            self.portals.retain(|_, e| e.sent >= answered);
         }
     }
 

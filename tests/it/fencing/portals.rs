@@ -5,7 +5,7 @@
 //! the portal it would have replaced in place. Each case has its control straight to Postgres.
 
 use super::Fixture;
-use crate::common::raw::{Raw, bind, codes, execute, parse, query, sync, tags};
+use crate::common::raw::{Raw, bind, close_statement, codes, execute, message, parse, query, sync, tags};
 
 const STALE_UPDATE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id";
 
@@ -153,5 +153,127 @@ async fn a_fetch_inside_a_text_taken_whole_is_refused() {
     bind_portal(&mut d, "p", STALE_UPDATE).await;
     assert!(codes(&d.simple(text).await).is_empty());
     d.simple("COMMIT").await;
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// Closing a statement of a name over 63 bytes, then defining it again, and running the
+/// first: Postgres takes both names for one (their first 63 bytes).
+async fn run_after_a_swap_of_long_names(f: &Fixture, port: u16, s1: &str, s2: &str) -> Vec<String> {
+    let mut s = f.raw(port, "1", &[]).await;
+    s.send(&[parse(s1, "SELECT 1"), sync()].concat()).await;
+    s.read_until(|m| m.tag == b'Z').await;
+    // Closing s2 closes s1 (the same 63 bytes); s2 is then the stale write.
+    s.send(&[close_statement(s2), parse(s2, STALE_UPDATE), sync()].concat())
+        .await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    s.send(&[bind("", s1, &[]), execute(""), sync()].concat()).await;
+    codes(&s.read_until(|m| m.tag == b'Z').await)
+}
+
+/// Postgres keys protocol statements and portals by their first 63 bytes, and cuts an SQL
+/// identifier to 63 bytes too: names that differ only after that are one name.
+#[tokio::test]
+async fn names_longer_than_63_bytes_are_the_names_postgres_keys() {
+    let f = Fixture::at_epoch_two().await;
+    let (s1, s2) = (format!("{}1", "s".repeat(66)), format!("{}2", "s".repeat(66)));
+    assert_eq!(
+        run_after_a_swap_of_long_names(&f, f.proxy.port(), &s1, &s2).await,
+        ["PF001"]
+    );
+    assert_eq!(f.note().await.0, "init");
+    // SQL FETCH of a portal bound under a longer name.
+    let portal = "p".repeat(75);
+    let run = format!("FETCH ALL FROM \"{portal}\"");
+    // (Postgres' notice that the identifier is cut, 42622, comes first.)
+    let errors = |codes: Vec<String>| codes.into_iter().filter(|c| c != "42622").collect::<Vec<_>>();
+    let mut s = f.raw(f.proxy.port(), "1", &[]).await;
+    assert_eq!(errors(fetch_in_transaction(&mut s, &portal, &run).await), ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control: straight to Postgres both run the stale write.
+    assert!(
+        run_after_a_swap_of_long_names(&f, f.cluster.port(), &s1, &s2)
+            .await
+            .is_empty()
+    );
+    assert_eq!(f.note().await.0, "stale");
+    f.admin
+        .execute("UPDATE sweep_state SET note = 'init' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    let mut d = f.raw(f.cluster.port(), "1", &[]).await;
+    assert!(errors(fetch_in_transaction(&mut d, &portal, &run).await).is_empty());
+    assert_eq!(f.note().await.0, "stale");
+}
+
+/// Four more ways the name a portal runs could differ from what pgfence expects, each
+/// run at the stale epoch through pgfence (PF001) and straight to Postgres (the write
+/// lands): a refused Bind then a good one of the same statement; a refused Bind followed
+/// by a skipped one in the same batch; a Close of a portal followed by a Bind of the same
+/// name before the Close is answered; and a portal whose statement is itself a FETCH.
+#[tokio::test]
+async fn what_a_portal_runs_follows_postgres_through_refusals_closes_and_fetches() {
+    let f = Fixture::at_epoch_two().await;
+    let close_portal = |name: &str| message(b'C', format!("P{name}\0").as_bytes());
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let direct = port == f.cluster.port();
+        let expect = |got: Vec<String>, what: &str| {
+            if direct {
+                assert!(got.is_empty(), "{what}: {got:?}");
+            } else {
+                assert_eq!(got, ["PF001"], "{what}");
+            }
+        };
+        let mut s = f.raw(port, "1", &[]).await;
+        // Refused, then bound again from the same statement.
+        s.send(&[parse("w", STALE_UPDATE), bind("", "w", &["x"]), sync()].concat())
+            .await;
+        assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["08P01"]);
+        s.send(&[bind("", "w", &[]), execute(""), sync()].concat()).await;
+        expect(codes(&s.read_until(|m| m.tag == b'Z').await), "bound again");
+        // Refused, then skipped, in one batch; the portal from before the savepoint runs.
+        s.simple("BEGIN").await;
+        s.send(
+            &[
+                bind("", "w", &[]),
+                parse("sp", "SAVEPOINT sp"),
+                bind("sp", "sp", &[]),
+                execute("sp"),
+                parse("one", "SELECT 1"),
+                sync(),
+            ]
+            .concat(),
+        )
+        .await;
+        s.read_until(|m| m.tag == b'Z').await;
+        s.send(&[bind("", "one", &["x"]), bind("", "one", &[]), sync()].concat())
+            .await;
+        assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["08P01"]);
+        let rollback_to = [
+            parse("rb", "ROLLBACK TO SAVEPOINT sp"),
+            bind("rb", "rb", &[]),
+            execute("rb"),
+            sync(),
+        ];
+        s.send(&rollback_to.concat()).await;
+        s.read_until(|m| m.tag == b'Z').await;
+        s.send(&[execute(""), sync()].concat()).await;
+        expect(codes(&s.read_until(|m| m.tag == b'Z').await), "refused then skipped");
+        s.simple("ROLLBACK").await;
+        // Closed, then bound again before the Close is answered.
+        s.simple("BEGIN").await;
+        s.send(&[close_portal("x"), bind("x", "w", &[]), sync()].concat()).await;
+        s.read_until(|m| m.tag == b'Z').await;
+        s.send(&[execute("x"), sync()].concat()).await;
+        expect(codes(&s.read_until(|m| m.tag == b'Z').await), "closed then bound");
+        s.simple("ROLLBACK").await;
+        // A portal whose statement fetches another.
+        s.simple("BEGIN").await;
+        bind_portal(&mut s, "y", STALE_UPDATE).await;
+        s.send(&[parse("f", "FETCH ALL FROM y"), bind("x", "f", &[]), sync()].concat())
+            .await;
+        s.read_until(|m| m.tag == b'Z').await;
+        expect(codes(&s.simple("FETCH ALL FROM x").await), "fetch of a fetch");
+        s.simple("ROLLBACK").await;
+    }
     assert_eq!(f.note().await.0, "stale");
 }
