@@ -101,6 +101,14 @@ impl DbFences {
         analyzer.analyze_repeated(sql)
     }
 
+    /// Whether `sql` may name a fenced table of this database anywhere (see
+    /// `FenceSet::named_anywhere`). For texts pgfence cannot lex as Postgres will, where
+    /// only such a mention can hide a write.
+    pub fn may_name_any(&self, sql: &str) -> bool {
+        let analyzer = self.analyzers[0].lock().unwrap_or_else(|p| p.into_inner());
+        analyzer.fences().named_anywhere(sql)
+    }
+
     /// Whether `fence` is in rewrite mode.
     pub fn is_rewrite(&self, fence: FenceId) -> bool {
         matches!(self.rewriters.get(usize::from(fence.0)), Some(Some(_)))

@@ -478,22 +478,29 @@ impl Dispatcher {
         // Postgres reports a changed setting just before ReadyForQuery: after an Execute,
         // only once a Sync has come, even when every reply is in.
         let in_flight = !shared.pending.is_empty() || unsynced;
-        // Whatever the text names: what Postgres reads after the string's real end can be
-        // any statement (an EXECUTE of a prepared write, a FETCH, a declaration).
+        // Refused if it names a fenced table anywhere, or if, read with those backslashes
+        // taken into the characters before them, it does more than read: what Postgres reads
+        // after a string's real end can be any statement (an EXECUTE of a prepared write, a
+        // FETCH, a declaration).
         if (in_flight || shared.reported.encoding_hides_backslash)
             && hides_backslash(sql)
             && !self.fences.applicable.is_empty()
+            && (self.fences.may_name_any(sql)
+                || !self
+                    .fences
+                    .analyze(&swallow_backslashes(sql), shared.reported.standard_conforming_strings)
+                    .is_plain())
         {
             let (message, hint) = if shared.reported.encoding_hides_backslash {
                 (
                     "pgfence: statement has a multibyte character before a backslash, which this session's \
-                     client_encoding may read differently, on a database with fenced tables; refused",
+                     client_encoding may read differently, and may write a fenced table; refused",
                     "Use client_encoding UTF8 for sessions that write fenced tables.",
                 )
             } else {
                 (
                     "pgfence: statement has a multibyte character before a backslash, a request in flight may \
-                     change client_encoding to one that reads it differently, on a database with fenced tables; \
+                     change client_encoding to one that reads it differently, and it may write a fenced table; \
                      refused",
                     "Send such a statement once the answers to the requests before it have arrived, or pass the \
                      value as a parameter.",
@@ -527,12 +534,18 @@ impl Dispatcher {
     }
 
     /// A refusal (PF004) for a text that is not valid UTF-8 (pgfence read a lossy copy, as
-    /// the client's encoding is another) on a database with fences, unless it is plain and
-    /// no fenced table's name has a non-ASCII character: in the copy every byte that is not
-    /// UTF-8 is the same character, so names Postgres tells apart (statements, portals,
-    /// savepoints, tables) would be one to pgfence.
+    /// the client's encoding is another) on a database with fences, unless it only reads or
+    /// writes tables and no fenced table's name has a non-ASCII character: in the copy every
+    /// byte that is not UTF-8 is the same character, so names Postgres tells apart
+    /// (statements, portals, savepoints, tables) would be one to pgfence.
     fn lossy(&self, analysis: &Analysis) -> Option<Rejection> {
-        if self.fences.applicable.is_empty() || (analysis.is_plain() && !self.fences.non_ascii_tables) {
+        let names_nothing = analysis.statements.iter().all(|s| {
+            matches!(
+                s.kind,
+                StmtKind::Other | StmtKind::EndTransaction { .. } | StmtKind::Write { .. }
+            )
+        });
+        if self.fences.applicable.is_empty() || (names_nothing && !self.fences.non_ascii_tables) {
             return None;
         }
         Some(Rejection {
@@ -1008,6 +1021,20 @@ impl Dispatcher {
 /// invalid byte became U+FFFD in the text pgfence reads).
 fn hides_backslash(sql: &str) -> bool {
     memchr::memchr_iter(b'\\', sql.as_bytes()).any(|i| i > 0 && sql.as_bytes()[i - 1] >= 0x80)
+}
+
+/// `sql` with each backslash that follows a non-ASCII character left out: how Postgres
+/// reads its structure where that character ends in the byte of a backslash.
+fn swallow_backslashes(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut prev_ascii = true;
+    for c in sql.chars() {
+        if c != '\\' || prev_ascii {
+            out.push(c);
+        }
+        prev_ascii = c.is_ascii();
+    }
+    out
 }
 
 /// A statement that raises `r` without needing the pgfence schema.

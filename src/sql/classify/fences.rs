@@ -44,6 +44,16 @@ impl FenceSet {
         self.needles.iter().map(Finder::needle)
     }
 
+    /// Whether `sql` may name a fenced table anywhere, strings and comments included: a
+    /// fenced name (ignoring case) or a `U&` identifier.
+    pub fn named_anywhere(&self, sql: &str) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let lower = sql.to_ascii_lowercase();
+        lower.contains("u&") || self.mentioned_in(lower.as_bytes())
+    }
+
     /// Whether lower-cased text `lower` contains any fenced name.
     pub(super) fn mentioned_in(&self, lower: &[u8]) -> bool {
         self.needles.iter().any(|f| f.find(lower).is_some())

@@ -488,19 +488,27 @@ impl<'a> Ctx<'a> {
         let lower = self.lower.get(span.clone()).unwrap_or(&[]);
         let mut unnamed = memchr::memmem::find(lower, b"pgfence").is_some();
         let mut routine = false;
+        // Whether the token starts a statement as Postgres may split the text: its first,
+        // or the first after a `;`.
+        let mut at_start = true;
         for tok in Lexer::new(text, self.lexing) {
             if unnamed {
                 break;
             }
+            let start = std::mem::replace(&mut at_start, tok.kind == TokenKind::Punct(b';'));
             if tok.kind == TokenKind::Word {
                 match lower.get(tok.span) {
-                    // Writes through what the text does not name, and changes to what pgfence
-                    // keeps of the session (statements, portals, declarations, savepoints),
-                    // which it would not see.
+                    // Writes through what the text does not name, wherever they stand
+                    // (`EXPLAIN ANALYZE EXECUTE`, `CREATE TABLE … AS EXECUTE`).
+                    Some(b"execute" | b"drop" | b"alter" | b"truncate") => unnamed = true,
+                    // Commands that run a portal or change what pgfence keeps of the session
+                    // (statements, declarations, savepoints), which it would not see. Only
+                    // where a statement starts: the words are also clauses (`FETCH FIRST`)
+                    // and column names.
                     Some(
-                        b"execute" | b"drop" | b"alter" | b"truncate" | b"fetch" | b"move" | b"prepare" | b"deallocate"
-                        | b"reset" | b"discard" | b"rollback" | b"abort" | b"savepoint" | b"release",
-                    ) => unnamed = true,
+                        b"fetch" | b"move" | b"prepare" | b"deallocate" | b"reset" | b"discard" | b"rollback"
+                        | b"abort" | b"savepoint" | b"release",
+                    ) if start => unnamed = true,
                     Some(b"do" | b"call") => routine = true,
                     _ => {}
                 }

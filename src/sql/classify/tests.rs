@@ -825,6 +825,9 @@ fn a_text_taken_whole_refuses_what_can_write_without_naming() {
         ("release s", "pf004:0,1,2"),
         ("deallocate w; prepare w as update other set a = 1", "pf004:0,1,2"),
         ("commit", "other"),
+        // Those words elsewhere than where a statement starts are clauses or names.
+        ("select a from other fetch first 1 row only", "other"),
+        ("select release, reset from other", "other"),
         ("select 'execute' from other", "other"),
         ("update other set a = 1", "other"),
         // As for a DO or CALL on its own: an escape could spell a fenced name.

@@ -357,12 +357,13 @@ async fn a_database_name_is_cut_to_63_bytes_as_postgres_cuts_it() {
     use crate::common::inproc::Proxy;
     let cluster = Cluster::shared();
     let name = format!("{:x<63}", "it_long_name_");
-    cluster
-        .admin("postgres")
-        .await
-        .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-        .await
-        .unwrap();
+    let postgres = cluster.admin("postgres").await;
+    for sql in [
+        format!("DROP DATABASE IF EXISTS \"{name}\""),
+        format!("CREATE DATABASE \"{name}\""),
+    ] {
+        postgres.batch_execute(&sql).await.unwrap();
+    }
     let toml = format!("[[fence]]\nname = \"sweeper\"\ndatabase = \"{name}\"\ntables = [\"sweep_state\"]\n");
     let mut admin = cluster.admin(&name).await;
     admin.batch_execute(SEED_SQL).await.unwrap();
