@@ -86,6 +86,19 @@ async fn a_portal_fetched_by_sql_is_checked_as_the_write_it_runs() {
     assert_eq!(f.note().await.0, "stale");
 }
 
+/// `ROLLBACK TO SAVEPOINT sp` by a named portal (a simple Query would drop the unnamed
+/// portal); its error codes.
+async fn rollback_to_sp_by_portal(s: &mut Raw) -> Vec<String> {
+    let rollback_to = [
+        parse("rb", "ROLLBACK TO SAVEPOINT sp"),
+        bind("rb", "rb", &[]),
+        execute("rb"),
+        sync(),
+    ];
+    s.send(&rollback_to.concat()).await;
+    codes(&s.read_until(|m| m.tag == b'Z').await)
+}
+
 /// `BEGIN`, the unnamed portal bound to a stale write, a savepoint, a Bind of the unnamed
 /// portal that Postgres refuses (one parameter too many, 08P01, before the old portal
 /// goes), `ROLLBACK TO` the savepoint by a named portal, then Execute of the unnamed portal: it runs the
@@ -108,15 +121,7 @@ async fn execute_after_a_refused_bind(s: &mut Raw) -> Vec<String> {
     s.send(&[parse("one", "SELECT 1"), bind("", "one", &["x"]), sync()].concat())
         .await;
     assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["08P01"]);
-    // By portal: a simple Query would drop the unnamed portal.
-    let rollback_to = [
-        parse("rb", "ROLLBACK TO SAVEPOINT sp"),
-        bind("rb", "rb", &[]),
-        execute("rb"),
-        sync(),
-    ];
-    s.send(&rollback_to.concat()).await;
-    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    assert!(rollback_to_sp_by_portal(s).await.is_empty());
     s.send(&[execute(""), sync()].concat()).await;
     let got = codes(&s.read_until(|m| m.tag == b'Z').await);
     s.simple("COMMIT").await;
@@ -248,14 +253,7 @@ async fn what_a_portal_runs_follows_postgres_through_refusals_closes_and_fetches
         s.send(&[bind("", "one", &["x"]), bind("", "one", &[]), sync()].concat())
             .await;
         assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["08P01"]);
-        let rollback_to = [
-            parse("rb", "ROLLBACK TO SAVEPOINT sp"),
-            bind("rb", "rb", &[]),
-            execute("rb"),
-            sync(),
-        ];
-        s.send(&rollback_to.concat()).await;
-        s.read_until(|m| m.tag == b'Z').await;
+        rollback_to_sp_by_portal(&mut s).await;
         s.send(&[execute(""), sync()].concat()).await;
         expect(codes(&s.read_until(|m| m.tag == b'Z').await), "refused then skipped");
         s.simple("ROLLBACK").await;
