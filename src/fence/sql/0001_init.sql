@@ -2,7 +2,7 @@
 --
 -- Applied by `pgfence init` (src/fence/install.rs) inside one transaction, under an
 -- advisory lock, after it created schema `pgfence` and table `pgfence.schema_version`.
--- Never edit a released migration: add 0002_….sql instead.
+-- Never edit a released migration: add 0002_....sql instead.
 --
 -- The locking design is explained in src/fence/mod.rs. In short: writers hold the
 -- fence's advisory lock SHARED until they commit, a takeover (HWM bump or lease
@@ -124,7 +124,7 @@ BEGIN
             RAISE EXCEPTION 'pgfence: lease trigger for fence "%" on table % is missing: run pgfence init --config in database "%"',
                     p_fence, p_lease_table, current_database()
                 USING ERRCODE = 'PF005',
-                      HINT = 'pgfence init --database-url postgres://…/' || current_database()
+                      HINT = 'pgfence init --database-url postgres://.../' || current_database()
                              || ' --config pgfence.toml registers the fence with its lease table and installs the trigger.';
         END IF;
         IF p_epoch > v_lease THEN

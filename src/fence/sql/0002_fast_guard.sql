@@ -23,7 +23,7 @@
 -- which is always right.
 
 -- Version 1's guard becomes the full guard, unchanged: it runs with the installer's rights
--- and its own search_path and handles every case — the first write of a new epoch,
+-- and its own search_path and handles every case - the first write of a new epoch,
 -- REPEATABLE READ and SERIALIZABLE, and every error. Its grant moves with it.
 ALTER FUNCTION pgfence.guard(text, bigint, text, boolean) RENAME TO guard_full;
 

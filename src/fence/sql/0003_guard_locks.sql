@@ -56,7 +56,7 @@ BEGIN
             RAISE EXCEPTION 'pgfence: lease trigger for fence "%" on table % is missing: run pgfence init --config in database "%"',
                     p_fence, p_lease_table, current_database()
                 USING ERRCODE = 'PF005',
-                      HINT = 'pgfence init --database-url postgres://…/' || current_database()
+                      HINT = 'pgfence init --database-url postgres://.../' || current_database()
                              || ' --config pgfence.toml registers the fence with its lease table and installs the trigger.';
         END IF;
         IF p_epoch > v_lease THEN

@@ -53,7 +53,7 @@ pub struct Unsupported {
 
 /// The hint for statement shapes the rewriter does not handle.
 const SHAPE_HINT: &str = "Write rewrite-mode tables with INSERT (with a column list), UPDATE, DELETE, MERGE or \
-                          INSERT … ON CONFLICT; see docs/FENCING.md.";
+                          INSERT ... ON CONFLICT; see docs/FENCING.md.";
 
 impl Unsupported {
     fn new(reason: String) -> Self {
@@ -157,7 +157,7 @@ fn rewrite_with_edits(
 
 /// Commands that change a rewrite-mode table without rows to put an epoch in.
 fn refuse_commands(t: &toks::Toks<'_>) -> Result<(), Unsupported> {
-    let hint = "TRUNCATE, COPY … FROM, ALTER TABLE and DROP TABLE cannot carry row epochs: use DELETE or INSERT \
+    let hint = "TRUNCATE, COPY ... FROM, ALTER TABLE and DROP TABLE cannot carry row epochs: use DELETE or INSERT \
                 through pgfence, or run the command directly against Postgres during maintenance.";
     for kw in ["truncate", "copy", "alter", "drop"] {
         if t.is(0, kw) {

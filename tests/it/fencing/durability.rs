@@ -161,3 +161,37 @@ async fn init_upgrades_a_version_1_schema_and_keeps_the_hwm() {
         1
     );
 }
+
+/// A database whose encoding is LATIN1: `pgfence init` and every call pgfence sends convert
+/// to it (they are ASCII), and the guard and pgfence's own refusals keep their SQLSTATEs.
+#[tokio::test]
+async fn init_and_the_guard_work_in_a_latin1_database() {
+    use super::take_lease;
+    let cluster = Cluster::shared();
+    let name = "it_latin1";
+    let postgres = cluster.admin("postgres").await;
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"),
+    ] {
+        postgres.batch_execute(&sql).await.unwrap();
+    }
+    let mut admin = cluster.admin(name).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install(&mut admin, cluster.port(), &fence_toml()).await;
+    let proxy = Proxy::start(cluster.port(), &fence_toml()).await;
+    take_lease(&admin, "a").await;
+    let current = take_lease(&admin, "b").await;
+    let port = proxy.port();
+    let write = |options: String| async move {
+        let s = connect(port, name, &options).await;
+        code(&s.execute(WRITE, &[]).await)
+    };
+    assert_eq!(write(format!("-c pgfence.epoch={current}")).await, "ok");
+    assert_eq!(write(format!("-c pgfence.epoch={}", current - 1)).await, "PF001");
+    assert_eq!(write(String::new()).await, "PF002");
+    // A rewrite-style refusal's hint went through pgfence's own message (ASCII as well).
+    let s = connect(proxy.port(), name, &format!("-c pgfence.epoch={current}")).await;
+    let r = s.batch_execute("DO 'begin update sweep_state set note = 1; end'").await;
+    assert_eq!(code(&r), "PF004");
+}
