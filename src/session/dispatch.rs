@@ -23,6 +23,7 @@ use crate::fence::policy::{self, Access, Decision, Declared, Rejection};
 use crate::protocol::codec;
 use crate::sql::Declaration;
 use crate::sql::FenceId;
+use crate::sql::Lexing;
 use crate::sql::classify::{Analysis, StmtKind};
 
 /// CopyDone or CopyFail units kept in a row for COPYs still to start (see
@@ -84,6 +85,9 @@ pub struct Dispatcher {
     pub(super) rw_portals: HashMap<String, (String, Option<Epoch>)>,
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
+    /// An explicit transaction may be open: Postgres said so, or a `BEGIN`/`START` was sent
+    /// since it last said otherwise. Only there does a portal outlive its batch's Sync.
+    maybe_in_block: bool,
     /// Syncs and Queries sent so far (batch numbers).
     pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
@@ -112,6 +116,7 @@ impl Dispatcher {
             rw_statements: HashMap::new(),
             rw_portals: HashMap::new(),
             scs: true,
+            maybe_in_block: false,
             sent: 0,
             batch: 0,
             dealloc_until: 0,
@@ -124,6 +129,7 @@ impl Dispatcher {
     pub fn resync(&mut self, shared: &Shared) {
         self.rewrite_budget.set(super::rewriting::REWRITE_BUDGET);
         if shared.pending.is_empty() {
+            self.maybe_in_block = shared.tx_status != b'I';
             self.speculative = shared.declared.clone();
             if shared.tx_status == b'I' && !self.rw_portals.is_empty() {
                 // Portals end with their transaction.
@@ -164,6 +170,7 @@ impl Dispatcher {
             });
             return Some(raise_block(&r));
         }
+        self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
             // and a PREPARE of a fake one: close and prepare them again before use.
@@ -557,6 +564,18 @@ impl Dispatcher {
         })
     }
 
+    /// Notes a `BEGIN` or `START TRANSACTION` among the statements at `spans` of `sql`.
+    fn note_begins(&mut self, sql: &str, spans: impl Iterator<Item = std::ops::Range<usize>>) {
+        let lexing = Lexing {
+            standard_conforming_strings: self.scs,
+        };
+        self.maybe_in_block |= spans.into_iter().any(|span| {
+            sql.get(span)
+                .and_then(|t| crate::sql::split::first_word(t, lexing))
+                .is_some_and(|w| w.eq_ignore_ascii_case("begin") || w.eq_ignore_ascii_case("start"))
+        });
+    }
+
     /// Whether pgfence may rewrite the statement's text (a write to a rewrite-mode table,
     /// also one being prepared).
     fn rewritten(&self, kind: &StmtKind) -> bool {
@@ -621,6 +640,7 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
+        self.note_begins(sql, std::iter::once(0..sql.len()));
         let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
@@ -662,6 +682,11 @@ impl Dispatcher {
             bind,
         };
         let before = shared.portals.insert(portal.to_owned(), entry);
+        shared
+            .rebinding
+            .entry(portal.to_owned())
+            .or_default()
+            .push_back((self.batch, before.as_ref().map(|e| e.analysis.clone())));
         let rebind = Box::new(Rebind {
             portal: portal.to_owned(),
             bind,
@@ -689,10 +714,21 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Execute(None, None));
             return;
         }
-        let (analysis, exact) = match shared.portals.get(portal) {
+        let (mut analysis, mut exact) = match shared.portals.get(portal) {
             Some(e) => (e.analysis.clone(), e.exact == Some(self.batch)),
             None => (Arc::default(), false),
         };
+        // A Bind of the name from an earlier batch, not yet answered, may be refused: inside
+        // an explicit transaction the portal is then still what it held before.
+        let earlier: Vec<Arc<Analysis>> = if self.maybe_in_block {
+            shared.held_before(portal, self.batch).cloned().collect()
+        } else {
+            Vec::new()
+        };
+        for before in earlier {
+            analysis = self.either(shared, &before, analysis);
+            exact = false;
+        }
         let mut effect = None;
         // A fenced write for sure: bound in this batch from the one definition its
         // statement can have. A decision over several (`resolve`, `either`) may stand
@@ -933,8 +969,10 @@ impl Dispatcher {
             return need;
         }
         for name in portals.iter().flatten() {
-            if let Some(e) = shared.portals.get(name) {
-                need = need.union(portal_need(&e.analysis));
+            // A FETCH runs in a batch of its own: every unanswered Bind is from before it.
+            let batch = if self.maybe_in_block { u64::MAX } else { 0 };
+            for analysis in shared.portal_may_run(name, batch) {
+                need = need.union(portal_need(analysis));
             }
         }
         need

@@ -215,6 +215,10 @@ pub struct PortalEntry {
     pub bind: u64,
 }
 
+/// An unanswered client Bind of a portal: the dispatcher's batch it was sent in, and what
+/// the portal held before it.
+pub type HeldBefore = (u64, Option<Arc<Analysis>>);
+
 /// A client's Bind of `portal`, numbered `bind`, and the entry it replaced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rebind {
@@ -383,6 +387,11 @@ pub struct Shared {
     pub portals: HashMap<String, PortalEntry>,
     /// Client Binds sent so far: each portal entry's number.
     pub binds: u64,
+    /// Per portal name, its client Binds not yet answered, in order: the dispatcher's batch
+    /// each was sent in and what the name held before it. Until one is answered, a portal
+    /// run in a later batch may still be the one before it (Postgres keeps that one when
+    /// it refuses the Bind, and a savepoint can bring the transaction back).
+    pub rebinding: HashMap<String, VecDeque<HeldBefore>>,
     /// What the server reported that decides how texts are read.
     pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
@@ -558,6 +567,7 @@ impl Shared {
                         match self.pending.pop_front() {
                             Some(Unit::Parse(_, Some(d), _)) => self.confirm(d),
                             Some(Unit::Close(_, Some(d))) => self.drop_upto(&d),
+                            Some(Unit::Bind(_, _, Some(r))) => self.bind_answered(&r.portal),
                             _ => {}
                         }
                         if let Some(Injected::Prepare(s)) = inj {
@@ -826,6 +836,34 @@ impl Shared {
         }
     }
 
+    /// The oldest unanswered client Bind of `portal` got its answer (or was skipped).
+    fn bind_answered(&mut self, portal: &str) {
+        if let Some(q) = self.rebinding.get_mut(portal) {
+            q.pop_front();
+            if q.is_empty() {
+                self.rebinding.remove(portal);
+            }
+        }
+    }
+
+    /// What portal `name` may run in dispatcher batch `batch`: the analysis of what it
+    /// holds now (if anything), and of what it held before each of its Binds sent in an
+    /// earlier batch and not yet answered.
+    pub fn portal_may_run(&self, name: &str, batch: u64) -> impl Iterator<Item = &Arc<Analysis>> {
+        let now = self.portals.get(name).map(|e| &e.analysis);
+        now.into_iter().chain(self.held_before(name, batch))
+    }
+
+    /// What portal `name` held before each of its Binds sent before dispatcher batch
+    /// `batch` and not yet answered.
+    pub fn held_before(&self, name: &str, batch: u64) -> impl Iterator<Item = &Arc<Analysis>> {
+        self.rebinding
+            .get(name)
+            .into_iter()
+            .flat_map(move |q| q.iter().take_while(move |(b, _)| *b < batch))
+            .filter_map(|(_, a)| a.as_ref())
+    }
+
     /// A client's Bind that Postgres refused or skipped: the portal it would have replaced
     /// is still there (a wrong parameter count fails before the old unnamed portal goes, and
     /// a savepoint can bring the transaction back), so its statement is what the name runs.
@@ -894,6 +932,7 @@ impl Shared {
             }
             Some(Unit::Bind(_, positions, rebind)) => {
                 if let Some(r) = rebind {
+                    self.bind_answered(&r.portal);
                     self.unbind(*r);
                 }
                 positions
@@ -965,7 +1004,10 @@ impl Shared {
                 }
                 Some(_) => match self.pending.pop_front() {
                     Some(Unit::Parse(_, Some(d), _)) => self.forget_failed(&d),
-                    Some(Unit::Bind(_, _, Some(r))) => self.unbind(*r),
+                    Some(Unit::Bind(_, _, Some(r))) => {
+                        self.bind_answered(&r.portal);
+                        self.unbind(*r);
+                    }
                     _ => {}
                 },
             }

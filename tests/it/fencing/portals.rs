@@ -275,3 +275,52 @@ async fn what_a_portal_runs_follows_postgres_through_refusals_closes_and_fetches
     }
     assert_eq!(f.note().await.0, "stale");
 }
+
+/// The refused Bind of the test above, with everything sent in one write: pgfence
+/// decides the later Execute before Postgres has refused the Bind, so that Execute may
+/// run either statement. A division by zero after the savepoint makes Postgres refuse the
+/// next Bind (25P02) and keep the portal; `ROLLBACK TO` brings the transaction back.
+#[tokio::test]
+async fn a_bind_refused_later_in_the_same_pipeline_leaves_the_portal_it_would_replace() {
+    let f = Fixture::at_epoch_two().await;
+    let pipeline = [
+        query("BEGIN"),
+        parse("w", STALE_UPDATE),
+        bind("", "w", &[]),
+        parse("sp", "SAVEPOINT sp"),
+        bind("sp", "sp", &[]),
+        execute("sp"),
+        parse("z", "SELECT 1/0"),
+        bind("z", "z", &[]),
+        execute("z"),
+        sync(),
+        parse("one", "SELECT 1"),
+        bind("", "one", &[]),
+        sync(),
+        parse("rb", "ROLLBACK TO SAVEPOINT sp"),
+        bind("rb", "rb", &[]),
+        execute("rb"),
+        sync(),
+        execute(""),
+        sync(),
+        query("COMMIT"),
+    ]
+    .concat();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[]).await;
+        s.send(&pipeline).await;
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
+        }
+        assert_eq!(got[1..3], [["22012"], ["25P02"]], "{got:?}");
+        if port == f.proxy.port() {
+            assert_eq!(got[4], ["PF001"], "{got:?}");
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            // Control: the old portal's stale write runs and commits.
+            assert!(got[4].is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
