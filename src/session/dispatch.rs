@@ -170,6 +170,8 @@ impl Dispatcher {
             });
             return Some(raise_block(&r));
         }
+        // A text taken whole may hide a BEGIN among its statements.
+        self.maybe_in_block |= analysis.uncertain;
         self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
