@@ -88,6 +88,8 @@ pub struct Dispatcher {
     /// An explicit transaction may be open: Postgres said so, or a `BEGIN`/`START` was sent
     /// since it last said otherwise. Only there does a portal outlive its batch's Sync.
     maybe_in_block: bool,
+    /// Client statement names whose text (at their last Parse) opens a transaction block.
+    begin_statements: std::collections::HashSet<String>,
     /// Syncs and Queries sent so far (batch numbers).
     pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
@@ -117,6 +119,7 @@ impl Dispatcher {
             rw_portals: HashMap::new(),
             scs: true,
             maybe_in_block: false,
+            begin_statements: std::collections::HashSet::new(),
             sent: 0,
             batch: 0,
             dealloc_until: 0,
@@ -172,7 +175,7 @@ impl Dispatcher {
         }
         // A text taken whole may hide a BEGIN among its statements.
         self.maybe_in_block |= analysis.uncertain;
-        self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
+        let _ = self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
             // and a PREPARE of a fake one: close and prepare them again before use.
@@ -567,15 +570,18 @@ impl Dispatcher {
     }
 
     /// Notes a `BEGIN` or `START TRANSACTION` among the statements at `spans` of `sql`.
-    fn note_begins(&mut self, sql: &str, spans: impl Iterator<Item = std::ops::Range<usize>>) {
+    /// Returns whether there is one.
+    fn note_begins(&mut self, sql: &str, spans: impl Iterator<Item = std::ops::Range<usize>>) -> bool {
         let lexing = Lexing {
             standard_conforming_strings: self.scs,
         };
-        self.maybe_in_block |= spans.into_iter().any(|span| {
+        let begins = spans.into_iter().any(|span| {
             sql.get(span)
                 .and_then(|t| crate::sql::split::first_word(t, lexing))
                 .is_some_and(|w| w.eq_ignore_ascii_case("begin") || w.eq_ignore_ascii_case("start"))
         });
+        self.maybe_in_block |= begins;
+        begins
     }
 
     /// Whether pgfence may rewrite the statement's text (a write to a rewrite-mode table,
@@ -642,7 +648,13 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
-        self.note_begins(sql, std::iter::once(0..sql.len()));
+        // A statement that opens a transaction block does so whenever it runs, maybe in a
+        // later round trip: its Bind counts as a BEGIN too.
+        if self.note_begins(sql, std::iter::once(0..sql.len())) {
+            self.begin_statements.insert(name.to_owned());
+        } else if !self.begin_statements.is_empty() {
+            self.begin_statements.remove(name);
+        }
         let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
@@ -664,6 +676,7 @@ impl Dispatcher {
     /// Bind: remembers which statement the portal runs; re-prepares a
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
+        self.maybe_in_block |= self.begin_statements.contains(statement);
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
         // and keeps the old portal, so an Execute of the name may run either.
         let old = (!portal.is_empty())

@@ -324,3 +324,51 @@ async fn a_bind_refused_later_in_the_same_pipeline_leaves_the_portal_it_would_re
         }
     }
 }
+
+/// The same with the transaction opened by a `BEGIN` prepared in an earlier round trip:
+/// its Bind, not its text, is all pgfence sees of it in the pipeline.
+#[tokio::test]
+async fn a_begin_prepared_earlier_counts_when_it_is_bound() {
+    let f = Fixture::at_epoch_two().await;
+    let pipeline = [
+        bind("bp", "beg", &[]),
+        execute("bp"),
+        sync(),
+        parse("w", STALE_UPDATE),
+        bind("", "w", &[]),
+        parse("sp", "SAVEPOINT sp"),
+        bind("sp", "sp", &[]),
+        execute("sp"),
+        sync(),
+        parse("one", "SELECT 1"),
+        bind("", "one", &["x"]),
+        sync(),
+        parse("rb", "ROLLBACK TO SAVEPOINT sp"),
+        bind("rb", "rb", &[]),
+        execute("rb"),
+        sync(),
+        execute(""),
+        sync(),
+        query("COMMIT"),
+    ]
+    .concat();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[]).await;
+        s.send(&[parse("beg", "BEGIN"), sync()].concat()).await;
+        s.read_until(|m| m.tag == b'Z').await;
+        s.send(&pipeline).await;
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
+        }
+        assert_eq!(got[2], ["08P01"], "{got:?}");
+        if port == f.proxy.port() {
+            assert_eq!(got[4], ["PF001"], "{got:?}");
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            // Control: the old portal's stale write runs and commits.
+            assert!(got[4].is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
