@@ -676,7 +676,7 @@ impl Dispatcher {
     /// Bind: remembers which statement the portal runs; re-prepares a
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
-        self.maybe_in_block |= self.begin_statements.contains(statement);
+        self.maybe_in_block |= !self.begin_statements.is_empty() && self.begin_statements.contains(statement);
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
         // and keeps the old portal, so an Execute of the name may run either.
         let old = (!portal.is_empty())
