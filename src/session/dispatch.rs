@@ -650,7 +650,9 @@ impl Dispatcher {
         }
         // A statement that opens a transaction block does so whenever it runs, maybe in a
         // later round trip: its Bind counts as a BEGIN too.
-        if self.note_begins(sql, std::iter::once(0..sql.len())) {
+        // Its statements as Postgres splits them (`;BEGIN` is a BEGIN).
+        let spans = analysis.statements.iter().map(|st| st.span.clone());
+        if self.note_begins(sql, spans) || analysis.uncertain {
             self.begin_statements.insert(name.to_owned());
         } else if !self.begin_statements.is_empty() {
             self.begin_statements.remove(name);

@@ -329,6 +329,12 @@ async fn a_bind_refused_later_in_the_same_pipeline_leaves_the_portal_it_would_re
 /// its Bind, not its text, is all pgfence sees of it in the pipeline.
 #[tokio::test]
 async fn a_begin_prepared_earlier_counts_when_it_is_bound() {
+    for begin in ["BEGIN", ";BEGIN", ";; START TRANSACTION"] {
+        a_begin_prepared_earlier_counts(begin).await;
+    }
+}
+
+async fn a_begin_prepared_earlier_counts(begin: &str) {
     let f = Fixture::at_epoch_two().await;
     let pipeline = [
         bind("bp", "beg", &[]),
@@ -354,21 +360,21 @@ async fn a_begin_prepared_earlier_counts_when_it_is_bound() {
     .concat();
     for port in [f.proxy.port(), f.cluster.port()] {
         let mut s = f.raw(port, "1", &[]).await;
-        s.send(&[parse("beg", "BEGIN"), sync()].concat()).await;
+        s.send(&[parse("beg", begin), sync()].concat()).await;
         s.read_until(|m| m.tag == b'Z').await;
         s.send(&pipeline).await;
         let mut got = Vec::new();
         for _ in 0..6 {
             got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
         }
-        assert_eq!(got[2], ["08P01"], "{got:?}");
+        assert_eq!(got[2], ["08P01"], "{begin}: {got:?}");
         if port == f.proxy.port() {
-            assert_eq!(got[4], ["PF001"], "{got:?}");
-            assert_eq!(f.note().await.0, "init");
+            assert_eq!(got[4], ["PF001"], "{begin}: {got:?}");
+            assert_eq!(f.note().await.0, "init", "{begin}");
         } else {
             // Control: the old portal's stale write runs and commits.
-            assert!(got[4].is_empty(), "{got:?}");
-            assert_eq!(f.note().await.0, "stale");
+            assert!(got[4].is_empty(), "{begin}: {got:?}");
+            assert_eq!(f.note().await.0, "stale", "{begin}");
         }
     }
 }
