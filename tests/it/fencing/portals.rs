@@ -307,21 +307,37 @@ async fn a_bind_refused_later_in_the_same_pipeline_leaves_the_portal_it_would_re
     ]
     .concat();
     for port in [f.proxy.port(), f.cluster.port()] {
-        let mut s = f.raw(port, "1", &[]).await;
-        s.send(&pipeline).await;
-        let mut got = Vec::new();
-        for _ in 0..6 {
-            got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
-        }
+        let got = six_batches(&f, port, &[], &pipeline).await;
         assert_eq!(got[1..3], [["22012"], ["25P02"]], "{got:?}");
-        if port == f.proxy.port() {
-            assert_eq!(got[4], ["PF001"], "{got:?}");
-            assert_eq!(f.note().await.0, "init");
-        } else {
-            // Control: the old portal's stale write runs and commits.
-            assert!(got[4].is_empty(), "{got:?}");
-            assert_eq!(f.note().await.0, "stale");
-        }
+        old_portal_outcome(&f, port, &got, "").await;
+    }
+}
+
+/// Sends `first` (when not empty, its answer awaited) then `pipeline` in one write on
+/// `port`, at the stale epoch; the error codes of the pipeline's six batches.
+async fn six_batches(f: &Fixture, port: u16, first: &[u8], pipeline: &[u8]) -> Vec<Vec<String>> {
+    let mut s = f.raw(port, "1", &[]).await;
+    if !first.is_empty() {
+        s.send(first).await;
+        s.read_until(|m| m.tag == b'Z').await;
+    }
+    s.send(pipeline).await;
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
+    }
+    got
+}
+
+/// The pipeline's last Execute (its fifth batch) runs the old portal's stale write: PF001
+/// through pgfence; straight to Postgres (the control) it runs and commits.
+async fn old_portal_outcome(f: &Fixture, port: u16, got: &[Vec<String>], what: &str) {
+    if port == f.proxy.port() {
+        assert_eq!(got[4], ["PF001"], "{what}: {got:?}");
+        assert_eq!(f.note().await.0, "init", "{what}");
+    } else {
+        assert!(got[4].is_empty(), "{what}: {got:?}");
+        assert_eq!(f.note().await.0, "stale", "{what}");
     }
 }
 
@@ -358,23 +374,10 @@ async fn a_begin_prepared_earlier_counts(begin: &str) {
         query("COMMIT"),
     ]
     .concat();
+    let prepare = [parse("beg", begin), sync()].concat();
     for port in [f.proxy.port(), f.cluster.port()] {
-        let mut s = f.raw(port, "1", &[]).await;
-        s.send(&[parse("beg", begin), sync()].concat()).await;
-        s.read_until(|m| m.tag == b'Z').await;
-        s.send(&pipeline).await;
-        let mut got = Vec::new();
-        for _ in 0..6 {
-            got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
-        }
+        let got = six_batches(&f, port, &prepare, &pipeline).await;
         assert_eq!(got[2], ["08P01"], "{begin}: {got:?}");
-        if port == f.proxy.port() {
-            assert_eq!(got[4], ["PF001"], "{begin}: {got:?}");
-            assert_eq!(f.note().await.0, "init", "{begin}");
-        } else {
-            // Control: the old portal's stale write runs and commits.
-            assert!(got[4].is_empty(), "{begin}: {got:?}");
-            assert_eq!(f.note().await.0, "stale", "{begin}");
-        }
+        old_portal_outcome(&f, port, &got, begin).await;
     }
 }
