@@ -12,6 +12,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
+use super::names;
 use super::positions::SentText;
 use super::rewriting::RwStatement;
 use super::state::{
@@ -173,6 +174,7 @@ impl Dispatcher {
             });
             return Some(raise_block(&r));
         }
+        let analysis = self.keyed(shared, analysis, unsynced);
         // A text taken whole may hide a BEGIN among its statements.
         self.maybe_in_block |= analysis.uncertain;
         let _ = self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
@@ -346,6 +348,9 @@ impl Dispatcher {
         };
         // The name may now be this statement: no longer re-prepared as a rewrite one.
         self.rw_statements.remove(name);
+        if name == names::UNCERTAIN {
+            self.poison_statements(shared);
+        }
         let defined = shared.define(name, batch, Arc::new(Analysis::of_kind(inner.as_ref().clone())));
         Some(Effect::Prepared(defined))
     }
@@ -358,6 +363,9 @@ impl Dispatcher {
     /// counts as unanalysable here: only statements rewritten at their Parse
     /// (`rw_statements`) run rewritten, and they do not come this way.
     fn resolve(&self, shared: &Shared, name: &str, batch: u64) -> Arc<Analysis> {
+        if name == names::UNCERTAIN {
+            return self.anything();
+        }
         let defs = self.candidates(shared, name, batch);
         let as_is = || match defs {
             [only] => only.analysis.clone(),
@@ -466,7 +474,7 @@ impl Dispatcher {
     fn definition_need(&self, shared: &Shared, kind: &StmtKind, nested: bool) -> Need {
         match kind {
             StmtKind::Write { fences, .. } if self.any_rewrite(fences) => Need::Unanalysable(fences.clone()),
-            StmtKind::Execute { name } if nested => {
+            StmtKind::Execute { name } if nested && name != names::UNCERTAIN => {
                 let defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
                 self.definitions_need(shared, defs, false)
             }
@@ -624,14 +632,19 @@ impl Dispatcher {
     /// invalid declaration is replaced by a statement that raises PF003 when executed,
     /// a write to a rewrite-mode table by its rewrite for the session's epoch (see
     /// `rewriting`).
+    /// `name` is the key of the name the client sent as `wire` (see [`names`]).
     pub fn on_parse(
         &mut self,
         shared: &mut Shared,
         name: &str,
+        wire: &[u8],
         sql: &str,
         params: &[u8],
         exact: bool,
     ) -> Option<String> {
+        if name == names::UNCERTAIN {
+            self.poison_statements(shared);
+        }
         if let Some(r) = self.unreadable(shared, sql, shared.unsynced) {
             self.rw_statements.remove(name);
             // The statement sent raises PF004 itself.
@@ -648,6 +661,7 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
+        let analysis = self.keyed(shared, analysis, shared.unsynced);
         // A statement that opens a transaction block does so whenever it runs, maybe in a
         // later round trip: its Bind counts as a BEGIN too.
         // Its statements as Postgres splits them (`;BEGIN` is a BEGIN).
@@ -657,7 +671,13 @@ impl Dispatcher {
         } else if !self.begin_statements.is_empty() {
             self.begin_statements.remove(name);
         }
-        let mut replacement = self.parse_rewrite(name, sql, &analysis, params, exact);
+        // Under a name pgfence cannot key, a rewrite could be re-prepared under another.
+        let mut replacement = if name == names::UNCERTAIN {
+            self.rw_statements.remove(name);
+            None
+        } else {
+            self.parse_rewrite(name, wire, sql, &analysis, params, exact)
+        };
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d, shared.defined) {
@@ -698,6 +718,9 @@ impl Dispatcher {
             exact,
             bind,
         };
+        if portal == names::UNCERTAIN {
+            self.poison_portals(shared);
+        }
         let before = shared.portals.insert(portal.to_owned(), entry);
         shared
             .rebinding
@@ -732,6 +755,7 @@ impl Dispatcher {
             return;
         }
         let (mut analysis, mut exact) = match shared.portals.get(portal) {
+            _ if portal == names::UNCERTAIN => (self.anything(), false),
             Some(e) => (e.analysis.clone(), e.exact == Some(self.batch)),
             None => (Arc::default(), false),
         };
@@ -951,6 +975,7 @@ impl Dispatcher {
     /// definitions (see [`Self::resolve`]).
     fn need(&self, shared: &Shared, kind: &StmtKind, batch: u64) -> Need {
         match kind {
+            StmtKind::Execute { name } if name == names::UNCERTAIN => Need::Unanalysable(Vec::new()),
             StmtKind::Execute { name } if self.missing(shared, name) => Need::Missing(name.clone()),
             StmtKind::Execute { name } => match self.resolve(shared, name, batch).statements.as_slice() {
                 [stmt] => self.kind_need(&stmt.kind),
@@ -979,6 +1004,9 @@ impl Dispatcher {
             _ => Need::Unanalysable(Vec::new()),
         };
         let mut need = Need::None;
+        if portals.iter().flatten().any(|p| p == names::UNCERTAIN) {
+            return Need::Unanalysable(Vec::new());
+        }
         if portals.iter().any(Option::is_none) {
             for e in shared.portals.values() {
                 need = need.union(portal_need(&e.analysis));
@@ -993,6 +1021,78 @@ impl Dispatcher {
             }
         }
         need
+    }
+
+    /// One statement that may write any fence of the database (or nothing, without fences).
+    fn anything(&self) -> Arc<Analysis> {
+        self.need_analysis(Need::Unanalysable(Vec::new())).unwrap_or_default()
+    }
+
+    /// `analysis` with every statement or cursor name that pgfence may key differently from
+    /// Postgres replaced by [`names::UNCERTAIN`] (see [`names::ident_uncertain`]). `unsynced`:
+    /// an Execute waits for its Sync.
+    fn keyed(&self, shared: &Shared, analysis: Arc<Analysis>, unsynced: bool) -> Arc<Analysis> {
+        let any_name = |pred: &dyn Fn(&str) -> bool| analysis.statements.iter().any(|s| sql_names(&s.kind).any(pred));
+        if !any_name(&|n| !n.is_ascii()) {
+            return analysis;
+        }
+        let (server, client) = (shared.reported.server, shared.reported.client);
+        let in_flight = unsynced || shared.settings_may_change();
+        let uncertain = |n: &str| names::ident_uncertain(n, server, client, in_flight);
+        if !any_name(&uncertain) {
+            return analysis;
+        }
+        let mut keyed = (*analysis).clone();
+        for stmt in &mut keyed.statements {
+            let names: Vec<&mut String> = match &mut stmt.kind {
+                StmtKind::Prepare { name, .. }
+                | StmtKind::Execute { name }
+                | StmtKind::Deallocate { name: Some(name) } => {
+                    vec![name]
+                }
+                StmtKind::Fetch { portals } => portals.iter_mut().flatten().collect(),
+                _ => Vec::new(),
+            };
+            for name in names.into_iter().filter(|n| uncertain(n)) {
+                *name = names::UNCERTAIN.to_owned();
+            }
+        }
+        Arc::new(keyed)
+    }
+
+    /// A statement defined under a name pgfence cannot key may be what Postgres now holds
+    /// under any name that is not ASCII: each of those may now run anything.
+    fn poison_statements(&mut self, shared: &mut Shared) {
+        let anything = self.anything();
+        if anything.statements.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = shared
+            .statements
+            .keys()
+            .filter(|k| names::not_ascii(k))
+            .cloned()
+            .collect();
+        for key in keys {
+            shared.define(&key, self.batch, anything.clone());
+        }
+        self.rw_statements.retain(|k, _| !names::not_ascii(k));
+    }
+
+    /// A portal bound under a name pgfence cannot key may be what Postgres now holds under
+    /// any name that is not ASCII: each of those may now run anything.
+    fn poison_portals(&mut self, shared: &mut Shared) {
+        let anything = self.anything();
+        if anything.statements.is_empty() {
+            return;
+        }
+        for (key, e) in shared.portals.iter_mut() {
+            if names::not_ascii(key) {
+                e.analysis = anything.clone();
+                e.exact = None;
+            }
+        }
+        self.rw_portals.retain(|k, _| !names::not_ascii(k));
     }
 
     /// Whether client statement `name` has no known definition, on a database with fences.
@@ -1101,4 +1201,16 @@ fn raise_block(r: &Rejection) -> String {
         guard_sql::quote_literal(&r.hint)
     );
     format!("DO {}", guard_sql::quote_literal(&body))
+}
+
+/// The statement and cursor names a statement of `kind` names.
+fn sql_names(kind: &StmtKind) -> impl Iterator<Item = &str> {
+    let (one, many) = match kind {
+        StmtKind::Prepare { name, .. } | StmtKind::Execute { name } | StmtKind::Deallocate { name: Some(name) } => {
+            (Some(name.as_str()), &[][..])
+        }
+        StmtKind::Fetch { portals } => (None, portals.as_slice()),
+        _ => (None, &[][..]),
+    };
+    one.into_iter().chain(many.iter().flatten().map(String::as_str))
 }

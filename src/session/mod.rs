@@ -17,6 +17,7 @@ mod context;
 pub mod declaration;
 pub mod declare;
 mod dispatch;
+mod names;
 mod positions;
 mod relay;
 mod rewriting;

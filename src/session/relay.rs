@@ -8,7 +8,6 @@
 //! else streams through whatever its size.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -16,9 +15,9 @@ use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::dispatch::Dispatcher;
+use super::names;
 use super::state::{Shared, Verdict};
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
-use crate::sql::lex::MAX_IDENT_BYTES;
 
 /// Read buffer size; also what an idle session keeps per direction.
 const READ_CHUNK: usize = 8 * 1024;
@@ -307,19 +306,19 @@ fn handle_client_message(
             Ok(Action::Replace(out))
         }
         b'P' => {
-            let name = body.cstr_utf8().ok_or_else(malformed)?;
-            let key = pg_name(name);
+            let name = body.cstr().ok_or_else(malformed)?;
+            let key = key(st, name);
             let sql = body.cstr().ok_or_else(malformed)?;
             let params = body.rest();
             let text = String::from_utf8_lossy(sql);
             let exact = matches!(text, std::borrow::Cow::Borrowed(_));
-            let Some(new) = disp.on_parse(st, &key, &text, params, exact) else {
+            let Some(new) = disp.on_parse(st, &key, name, &text, params, exact) else {
                 return Ok(Action::Forward);
             };
             let mut out = BytesMut::with_capacity(new.len() + name.len() + params.len() + 8);
             out.put_u8(b'P');
             out.put_i32((4 + name.len() + 1 + new.len() + 1 + params.len()) as i32);
-            out.put_slice(name.as_bytes());
+            out.put_slice(name);
             out.put_u8(0);
             out.put_slice(new.as_bytes());
             out.put_u8(0);
@@ -327,11 +326,14 @@ fn handle_client_message(
             Ok(Action::Replace(out))
         }
         b'B' => {
-            let portal = body.cstr_utf8();
-            let statement = body.cstr_utf8();
+            let portal = body.cstr();
+            let statement = body.cstr();
             let mut out = BytesMut::new();
             match (portal, statement) {
-                (Some(p), Some(s)) => disp.on_bind(st, &pg_name(p), &pg_name(s), &mut out),
+                (Some(p), Some(s)) => {
+                    let (p, s) = (key(st, p).into_owned(), key(st, s));
+                    disp.on_bind(st, &p, &s, &mut out)
+                }
                 _ if msg.len() < total => return Err("Bind names too long".into()),
                 _ => return Err(malformed()),
             }
@@ -342,10 +344,11 @@ fn handle_client_message(
             })
         }
         b'E' => {
-            let portal = body.cstr_utf8().ok_or_else(malformed)?;
+            let portal = body.cstr().ok_or_else(malformed)?;
             body.i32().ok_or_else(malformed)?;
             let mut out = BytesMut::new();
-            disp.on_execute(st, &pg_name(portal), &mut out);
+            let portal = key(st, portal);
+            disp.on_execute(st, &portal, &mut out);
             Ok(if out.is_empty() {
                 Action::Forward
             } else {
@@ -354,12 +357,13 @@ fn handle_client_message(
         }
         b'C' | b'D' => {
             let kind = body.u8().ok_or_else(malformed)?;
-            let name = body.cstr_utf8().ok_or_else(malformed)?;
+            let name = body.cstr().ok_or_else(malformed)?;
             if !matches!(kind, b'S' | b'P') {
                 return Err(malformed());
             }
             if tag == b'C' {
-                disp.on_close(st, kind, &pg_name(name));
+                let name = key(st, name);
+                disp.on_close(st, kind, &name);
             } else {
                 disp.on_describe(st);
             }
@@ -386,28 +390,9 @@ fn handle_client_message(
     }
 }
 
-/// A protocol statement or portal name as Postgres keys it: its first 63 bytes. Where the
-/// cut falls inside a character, the key is the whole characters before it, a NUL (which no
-/// name holds) and the cut bytes in hex, so names Postgres tells apart stay apart and names
-/// it takes for one stay one.
-fn pg_name(name: &str) -> Cow<'_, str> {
-    if name.len() <= MAX_IDENT_BYTES {
-        return Cow::Borrowed(name);
-    }
-    let mut end = MAX_IDENT_BYTES;
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    if end == MAX_IDENT_BYTES {
-        return Cow::Borrowed(&name[..end]);
-    }
-    let mut key = String::with_capacity(end + 1 + 2 * (MAX_IDENT_BYTES - end));
-    key.push_str(&name[..end]);
-    key.push('\0');
-    for b in &name.as_bytes()[end..MAX_IDENT_BYTES] {
-        let _ = write!(key, "{b:02x}");
-    }
-    Cow::Owned(key)
+/// A protocol statement or portal name as pgfence keys it (see [`names`]).
+fn key<'a>(st: &Shared, name: &'a [u8]) -> Cow<'a, str> {
+    names::protocol_key(name, st.reported.server, st.reported.client, st.settings_may_change())
 }
 
 /// Upstream to client. Cancel safe: no (see [`client_to_upstream`]). `mid_message` is
@@ -506,25 +491,5 @@ where
             Ok(_) => {}
             Err(e) => return End::Io(e),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pg_name;
-
-    #[test]
-    fn protocol_names_are_keyed_by_their_first_63_bytes() {
-        let base = "n".repeat(62);
-        assert_eq!(pg_name("s1"), "s1");
-        assert_eq!(pg_name(&format!("{base}xyz")), format!("{base}x"));
-        // A cut inside a character: é and è share their first byte, as they do in Postgres'
-        // key; € starts with another.
-        let acute = format!("{base}é");
-        let e_acute = pg_name(&acute);
-        assert_eq!(e_acute, format!("{base}\0c3"));
-        assert_eq!(pg_name(&format!("{base}è")), e_acute);
-        assert_ne!(pg_name(&format!("{base}€")), e_acute);
-        assert_ne!(pg_name(&base), e_acute);
     }
 }

@@ -69,6 +69,9 @@ pub(super) struct SimpleRewrite {
 /// A client's prepared statement that writes a rewrite-mode table.
 #[derive(Debug, Clone)]
 pub(super) struct RwStatement {
+    /// The name as the client sent it: a re-prepare sends it again, as Postgres keys it
+    /// the same however pgfence keys it.
+    pub(super) wire: Vec<u8>,
     /// The Parse text as the client sent it.
     pub(super) full: String,
     /// The statement's span in `full`.
@@ -257,6 +260,7 @@ impl Dispatcher {
     pub(super) fn parse_rewrite(
         &mut self,
         name: &str,
+        wire: &[u8],
         sql: &str,
         analysis: &Arc<Analysis>,
         params: &[u8],
@@ -273,6 +277,7 @@ impl Dispatcher {
             return None;
         }
         let mut rw = RwStatement {
+            wire: wire.to_vec(),
             full: sql.to_owned(),
             span: stmt.span.clone(),
             fences: fences.clone(),
@@ -374,9 +379,9 @@ impl Dispatcher {
             let (sql, positions) = splice(rw, &text, self.redo(fence, epoch));
             let positions = Arc::new(positions);
             let (params, analysis) = (rw.params.clone(), rw.analysis.clone());
-            crate::protocol::codec::close_statement(out, statement);
+            close_raw(out, &rw.wire);
             shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
-            parse_raw(out, statement, &sql, &params);
+            parse_raw(out, &rw.wire, &sql, &params);
             // A definition of the name like the client's: confirming it drops the older ones.
             let defined = shared.define(statement, self.batch, analysis);
             let id = defined.id;
@@ -446,12 +451,21 @@ fn splice(rw: &RwStatement, text: &str, redo: Redo) -> (String, Positions) {
 }
 
 /// Appends a Parse with the client's raw parameter-type section.
-pub(super) fn parse_raw(out: &mut BytesMut, name: &str, sql: &str, params: &[u8]) {
+pub(super) fn parse_raw(out: &mut BytesMut, name: &[u8], sql: &str, params: &[u8]) {
     out.put_u8(b'P');
     out.put_i32((4 + name.len() + 1 + sql.len() + 1 + params.len()) as i32);
-    out.put_slice(name.as_bytes());
+    out.put_slice(name);
     out.put_u8(0);
     out.put_slice(sql.as_bytes());
     out.put_u8(0);
     out.put_slice(params);
+}
+
+/// Appends a Close of the statement the client named `name`.
+fn close_raw(out: &mut BytesMut, name: &[u8]) {
+    out.put_u8(b'C');
+    out.put_i32((4 + 1 + name.len() + 1) as i32);
+    out.put_u8(b'S');
+    out.put_slice(name);
+    out.put_u8(0);
 }

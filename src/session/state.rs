@@ -24,6 +24,7 @@ use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::{Declarations, Scope};
+use super::names::Encoding;
 use super::positions::{Count, Positions};
 use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
@@ -295,10 +296,11 @@ pub struct Reported {
     /// Whether `client_encoding` may hide a backslash in a multibyte character
     /// (`frame::client_encoding_hides_backslash`).
     pub encoding_hides_backslash: bool,
-    /// `server_encoding` is `SQL_ASCII`: Postgres counts error positions in bytes.
-    pub server_sql_ascii: bool,
-    /// `client_encoding` is `UTF8`: texts pgfence reads are the characters Postgres counts.
-    pub client_utf8: bool,
+    /// `server_encoding`: how names are keyed; `SQL_ASCII`: Postgres counts error
+    /// positions in bytes.
+    pub server: Encoding,
+    /// `client_encoding`: `UTF8` when texts pgfence reads are the characters Postgres counts.
+    pub client: Encoding,
 }
 
 impl Default for Reported {
@@ -307,8 +309,8 @@ impl Default for Reported {
         Self {
             standard_conforming_strings: true,
             encoding_hides_backslash: false,
-            server_sql_ascii: false,
-            client_utf8: true,
+            server: Encoding::Utf8,
+            client: Encoding::Utf8,
         }
     }
 }
@@ -323,10 +325,8 @@ impl Reported {
             self.encoding_hides_backslash = hides;
         }
         match frame::encoding(body) {
-            Some((true, name)) => self.server_sql_ascii = name.eq_ignore_ascii_case(b"SQL_ASCII"),
-            Some((false, name)) => {
-                self.client_utf8 = matches!(name.to_ascii_uppercase().as_slice(), b"UTF8" | b"UNICODE")
-            }
+            Some((true, name)) => self.server = Encoding::named(name),
+            Some((false, name)) => self.client = Encoding::named(name),
             None => {}
         }
     }
@@ -335,9 +335,9 @@ impl Reported {
     /// database (no conversion), characters when the client's encoding is UTF8 (as
     /// pgfence reads texts). `None` otherwise: positions are left as Postgres gives them.
     pub fn position_count(&self) -> Option<Count> {
-        if self.server_sql_ascii {
+        if self.server == Encoding::SqlAscii {
             Some(Count::Bytes)
-        } else if self.client_utf8 {
+        } else if self.client == Encoding::Utf8 {
             Some(Count::Chars)
         } else {
             None
@@ -767,6 +767,20 @@ impl Shared {
             _ => {}
         }
         effect.apply_to(&mut self.declared);
+    }
+
+    /// Whether a request sent and not yet answered may change `client_encoding` (or
+    /// another reported setting): a Query, an Execute (also one still waiting for its
+    /// Sync), a FunctionCall, or a Sync whose batch may hold one. Postgres reports a
+    /// change just before ReadyForQuery.
+    pub fn settings_may_change(&self) -> bool {
+        self.unsynced
+            || self.pending.iter().any(|u| {
+                matches!(
+                    u,
+                    Unit::Query { .. } | Unit::Execute(..) | Unit::FunctionCall | Unit::Sync { .. }
+                )
+            })
     }
 
     /// A definition of a client statement name, sent now; returns its number. Past

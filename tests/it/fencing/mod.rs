@@ -6,6 +6,7 @@
 mod copy_in;
 mod declare;
 mod durability;
+mod encodings;
 mod locking;
 mod misread;
 mod model;

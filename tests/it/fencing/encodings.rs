@@ -1,0 +1,201 @@
+//! Statement names and encodings. Postgres converts a name from `client_encoding` to the
+//! database's encoding before it keys the statement by it, so in a WIN1252 database a
+//! UTF8 client's `é` is one byte, and names pgfence would cut alike are two. pgfence keys
+//! a name by its bytes only where Postgres keeps them (the client's own encoding, ASCII);
+//! any other non-ASCII name may run anything (PF004 on a fenced database), and a definition
+//! under one may have replaced any non-ASCII name. Each test has its control: straight to
+//! Postgres the stale write lands.
+
+use super::{Fixture, SEED_SQL, fence_toml, install, take_lease};
+use crate::common::inproc::Proxy;
+use crate::common::pg::Cluster;
+use crate::common::raw::{Raw, codes, message, query, sync};
+
+const STALE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+
+/// A fixture whose database is WIN1252, its lease at epoch 2.
+async fn win1252() -> Fixture {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let db = format!("{db}_win1252");
+    let postgres = cluster.admin("postgres").await;
+    postgres
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} ENCODING 'WIN1252' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        ))
+        .await
+        .unwrap();
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install(&mut admin, cluster.port(), &fence_toml()).await;
+    let proxy = Proxy::start(cluster.port(), &fence_toml()).await;
+    take_lease(&admin, "a").await;
+    take_lease(&admin, "b").await;
+    Fixture {
+        cluster,
+        db,
+        proxy,
+        admin,
+    }
+}
+
+fn cstrs(parts: &[&[u8]]) -> Vec<u8> {
+    parts.iter().flat_map(|p| [*p, b"\0"].concat()).collect()
+}
+
+fn parse(name: &[u8], sql: &str) -> Vec<u8> {
+    message(b'P', &[cstrs(&[name, sql.as_bytes()]), vec![0, 0]].concat())
+}
+
+fn bind(portal: &[u8], statement: &[u8]) -> Vec<u8> {
+    message(b'B', &[cstrs(&[portal, statement]), vec![0; 6]].concat())
+}
+
+fn execute(portal: &[u8]) -> Vec<u8> {
+    message(b'E', &[cstrs(&[portal]), vec![0; 4]].concat())
+}
+
+fn close(name: &[u8]) -> Vec<u8> {
+    message(b'C', &[b"S".as_slice(), &cstrs(&[name])].concat())
+}
+
+/// Sends `msgs` and a Sync; the SQLSTATEs of the errors up to ReadyForQuery.
+async fn run(s: &mut Raw, msgs: &[Vec<u8>]) -> Vec<String> {
+    s.send(&[msgs.concat(), sync()].concat()).await;
+    codes(&s.read_until(|m| m.tag == b'Z').await)
+}
+
+/// Two names a UTF8 client sends into a WIN1252 database that share their first 63 bytes of
+/// UTF-8 but not of WIN1252: one to a byte cut of what the client sent, two to Postgres.
+/// The stale write prepared under one runs under it: PF004 through pgfence, by the protocol
+/// and by SQL `PREPARE`/`EXECUTE`.
+#[tokio::test]
+async fn names_a_database_keys_in_another_encoding_run_nothing_unchecked() {
+    let f = win1252().await;
+    let (a, b) = ("é".repeat(32) + "a", "é".repeat(32) + "b");
+    let (c, d) = ("è".repeat(32) + "c", "è".repeat(32) + "d");
+    let sql = format!("PREPARE \"{c}\" AS {STALE}; PREPARE \"{d}\" AS SELECT 1; EXECUTE \"{c}\"");
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[("client_encoding", "UTF8")]).await;
+        let got = run(&mut s, &[parse(a.as_bytes(), STALE), parse(b.as_bytes(), "SELECT 1")]).await;
+        assert!(got.is_empty(), "{port}: {got:?}");
+        let by_protocol = run(&mut s, &[bind(b"", a.as_bytes()), execute(b"")]).await;
+        s.send(&query(&sql)).await;
+        let by_sql = codes(&s.read_until(|m| m.tag == b'Z').await);
+        if port == f.proxy.port() {
+            assert_eq!(
+                (by_protocol, by_sql),
+                (vec!["PF004".to_owned()], vec!["PF004".to_owned()])
+            );
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(
+                by_protocol.is_empty() && by_sql.is_empty(),
+                "{by_protocol:?} {by_sql:?}"
+            );
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
+
+/// With `client_encoding` the database's own, names are the bytes the client sends, UTF-8
+/// or not: a leader's statement named in WIN1252 runs (before, such a name ended the
+/// session as malformed), and the stale write under a long name is checked as the write
+/// it is (PF001), not taken for the read of a name that shares its first bytes of UTF-8.
+#[tokio::test]
+async fn names_in_the_databases_own_encoding_are_the_bytes_sent() {
+    let f = win1252().await;
+    let own = [("client_encoding", "WIN1252")];
+    let mut leader = f.raw(f.proxy.port(), "2", &own).await;
+    let got = run(
+        &mut leader,
+        &[parse(b"caf\xe9", "SELECT 1"), bind(b"", b"caf\xe9"), execute(b"")],
+    )
+    .await;
+    assert!(got.is_empty(), "{got:?}");
+    let a = [b"\xe9".repeat(32), b"a".to_vec()].concat();
+    let b = [b"\xe9".repeat(32), b"b".to_vec()].concat();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &own).await;
+        assert!(run(&mut s, &[parse(&a, STALE), parse(&b, "SELECT 1")]).await.is_empty());
+        let got = run(&mut s, &[bind(b"", &a), execute(b"")]).await;
+        if port == f.proxy.port() {
+            assert_eq!(got, ["PF001"]);
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
+
+/// One statement, two spellings: `\xe9\xe9\xe9` while `client_encoding` is WIN1252 and
+/// `ééé` while it is UTF8 are one name to Postgres. Closed and prepared again as the stale
+/// write under the UTF8 spelling, then bound under the WIN1252 one: pgfence no longer takes
+/// it for the read it was (PF004).
+#[tokio::test]
+async fn a_name_redefined_under_another_spelling_is_not_taken_for_what_it_was() {
+    let f = win1252().await;
+    let (latin, utf8) = (b"\xe9\xe9\xe9".as_slice(), "ééé".as_bytes());
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[("client_encoding", "WIN1252")]).await;
+        assert!(run(&mut s, &[parse(latin, "SELECT 1")]).await.is_empty());
+        s.simple("SET client_encoding = 'UTF8'").await;
+        assert!(run(&mut s, &[close(utf8), parse(utf8, STALE)]).await.is_empty());
+        s.simple("SET client_encoding = 'WIN1252'").await;
+        let got = run(&mut s, &[bind(b"", latin), execute(b"")]).await;
+        if port == f.proxy.port() {
+            assert_eq!(got, ["PF004"]);
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
+
+/// The same in a UTF8 database, with the encoding changed by a request still in flight:
+/// pgfence has not seen the change when it reads the name (`\xe9`, which in LATIN1 is `é`).
+/// The spelling sent then may be any name that is not ASCII.
+#[tokio::test]
+async fn a_name_sent_while_the_encoding_may_change_is_not_taken_for_another() {
+    let f = Fixture::at_epoch_two().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[]).await;
+        // A non-ASCII name keeps working as any name.
+        let got = run(
+            &mut s,
+            &[
+                parse("é".as_bytes(), "SELECT 1"),
+                bind(b"", "é".as_bytes()),
+                execute(b""),
+            ],
+        )
+        .await;
+        assert!(got.is_empty(), "{got:?}");
+        // Postgres reports the change at ReadyForQuery, after the Sync: it converts the
+        // names that follow the Execute from LATIN1 already.
+        let set = "SET client_encoding = 'LATIN1'";
+        let got = run(
+            &mut s,
+            &[
+                parse(b"", set),
+                bind(b"", b""),
+                execute(b""),
+                close(b"\xe9"),
+                parse(b"\xe9", STALE),
+            ],
+        )
+        .await;
+        assert!(got.is_empty(), "{got:?}");
+        s.simple("SET client_encoding = 'UTF8'").await;
+        let got = run(&mut s, &[bind(b"", "é".as_bytes()), execute(b"")]).await;
+        if port == f.proxy.port() {
+            assert_eq!(got, ["PF004"]);
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
