@@ -729,6 +729,9 @@ impl Shared {
             b"COMMIT" | b"PREPARE TRANSACTION" => self.end_transaction(true),
             b"ROLLBACK" if to_savepoint => self.guarded = None,
             b"ROLLBACK" => self.end_transaction(false),
+            // A procedure or DO block may have committed or rolled back inside (an Execute
+            // outside a block): the guard's locks may be gone.
+            b"CALL" | b"DO" => self.guarded = None,
             b"DISCARD ALL" | b"DEALLOCATE ALL" => {
                 self.own.clear();
                 if !matches!(effect, Some(Effect::DiscardAll(_) | Effect::DeallocatedAll(_))) {

@@ -143,3 +143,46 @@ async fn a_write_after_a_transaction_end_in_the_same_string_uses_the_epoch_left(
     f.direct().await.batch_execute(&sql).await.unwrap();
     assert_eq!(f.note().await.0, "stale");
 }
+
+/// A COMMIT or ROLLBACK inside a DO block or a procedure ends the transaction of an Execute
+/// run outside a block, answered only with the tag DO or CALL: the guard passed before it
+/// holds nothing in the block a BEGIN opens after it, when the lease moves on.
+#[tokio::test]
+async fn the_transaction_after_a_commit_inside_do_or_call_is_checked_again() {
+    use crate::common::raw::{bind, codes, execute, parse, query, sync};
+    let f = Fixture::new().await;
+    f.admin
+        .batch_execute("CREATE PROCEDURE undo() LANGUAGE plpgsql AS $$ BEGIN ROLLBACK; END $$")
+        .await
+        .unwrap();
+    let step = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    for ends in ["DO $$BEGIN COMMIT; END$$", "CALL undo()"] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let e = f.takeover("a").await;
+            let mut s = f.raw(port, &e.to_string(), &[]).await;
+            let batch = [
+                step("UPDATE sweep_state SET note = 'a' WHERE id = 1"),
+                step(ends),
+                step("BEGIN"),
+                sync(),
+            ];
+            s.send(&batch.concat()).await;
+            assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+            takeover_while_open(&f).await;
+            s.send(&query(WRITE)).await;
+            let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+            s.simple("COMMIT").await;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF001"], "{ends}");
+                assert_ne!(f.note().await.0, "stale", "{ends}");
+            } else {
+                assert!(got.is_empty(), "{ends}: {got:?}");
+                assert_eq!(f.note().await.0, "stale", "{ends}");
+                f.admin
+                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
