@@ -107,6 +107,9 @@ fn statement(stmt: &Statement, fences: &FenceSet, hits: &mut Hits) {
                 name(n, hits);
             }
         }
+        // Postgres renames a table (or its columns) by these too.
+        Statement::AlterIndex { name: n, .. } => name(n, hits),
+        Statement::AlterView(v) => name(&v.name, hits),
         Statement::CreateTrigger(t) => name(&t.table_name, hits),
         Statement::DropTrigger(t) => {
             if let Some(n) = &t.table_name {
@@ -126,8 +129,6 @@ fn statement(stmt: &Statement, fences: &FenceSet, hits: &mut Hits) {
         | Statement::CreateDatabase { .. }
         | Statement::CreateDomain(_)
         | Statement::CreatePolicy(_)
-        | Statement::AlterIndex { .. }
-        | Statement::AlterView(_)
         | Statement::AlterRole { .. }
         | Statement::AlterType(_)
         | Statement::AlterFunction(_)

@@ -223,6 +223,22 @@ const ROWS: &[(&str, &str)] = &[
     ),
     ("ALTER TABLE other DETACH PARTITION invoices", "write:invoices"),
     ("ALTER TABLE other DETACH PARTITION p1", "other"),
+    // Postgres renames a table by ALTER INDEX, ALTER VIEW and ALTER MATERIALIZED VIEW too.
+    ("ALTER INDEX invoices RENAME TO inv2", "write:invoices"),
+    // (sqlparser does not read this form: refused, as it names a fenced table.)
+    ("ALTER INDEX IF EXISTS billing.invoices RENAME TO inv2", "pf004:0"),
+    ("ALTER VIEW invoices RENAME COLUMN a TO b", "write:invoices"),
+    ("ALTER VIEW IF EXISTS invoices RENAME TO inv2", "write:invoices"),
+    (
+        "ALTER MATERIALIZED VIEW invoices RENAME COLUMN a TO b",
+        "write:invoices",
+    ),
+    (
+        "ALTER MATERIALIZED VIEW IF EXISTS invoices RENAME TO inv2",
+        "write:invoices",
+    ),
+    ("ALTER INDEX invoices_pkey RENAME TO i2", "other"),
+    ("ALTER VIEW v RENAME TO v2", "other"),
     // FETCH and MOVE run a portal, which the session may have bound to a write.
     ("FETCH ALL FROM p", "fetch all,from,p"),
     ("FETCH p", "fetch p"),

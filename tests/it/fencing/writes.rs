@@ -442,3 +442,32 @@ async fn a_stale_epoch_cannot_add_or_remove_children_of_a_fenced_table() {
     assert_eq!(code(&f.direct().await.batch_execute(unlink).await), "ok");
     assert_eq!(rows().await, 1);
 }
+
+/// Postgres renames a table, or one of its columns, by `ALTER INDEX`, `ALTER VIEW` and
+/// `ALTER MATERIALIZED VIEW` too: from a stale epoch each is refused (PF001), as `ALTER
+/// TABLE` is. Control: straight to Postgres each renames the fenced table.
+#[tokio::test]
+async fn a_stale_epoch_cannot_rename_a_fenced_table_by_another_alter() {
+    let (f, stale, _current) = stale_and_current().await;
+    let direct = f.direct().await;
+    let renames = [
+        (
+            "ALTER INDEX sweep_state RENAME TO hidden",
+            "ALTER TABLE hidden RENAME TO sweep_state",
+        ),
+        (
+            "ALTER VIEW sweep_state RENAME COLUMN note TO hidden",
+            "ALTER TABLE sweep_state RENAME COLUMN hidden TO note",
+        ),
+        (
+            "ALTER MATERIALIZED VIEW public.sweep_state RENAME COLUMN note TO hidden",
+            "ALTER TABLE sweep_state RENAME COLUMN hidden TO note",
+        ),
+    ];
+    for (rename, back) in renames {
+        assert_eq!(code(&stale.batch_execute(rename).await), "PF001", "simple: {rename}");
+        assert_eq!(code(&stale.execute(rename, &[]).await), "PF001", "extended: {rename}");
+        assert_eq!(code(&direct.batch_execute(rename).await), "ok", "control: {rename}");
+        f.admin.batch_execute(back).await.unwrap();
+    }
+}
