@@ -147,6 +147,7 @@ fn rewrite_with_edits(
     }
     let mut edits = rw.edits;
     edits.sort_by_key(|e| e.at.start);
+    separate(stmt_sql, &mut edits);
     let out = apply(stmt_sql, &edits)?;
     let verified = verify::verify(&out, target, &rw.n, &rw.col)?;
     if verified != rw.nodes {
@@ -171,6 +172,33 @@ fn refuse_commands(t: &toks::Toks<'_>) -> Result<(), Unsupported> {
         }
     }
     Ok(())
+}
+
+/// Puts a space between an edit's text and a word or number it would touch: Postgres
+/// reads `'x'WHERE` as a string and a keyword, but `5WHERE` as a number with trailing junk.
+fn separate(sql: &str, edits: &mut [dml::Edit]) {
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || !c.is_ascii());
+    for i in 0..edits.len() {
+        let at = edits[i].at.clone();
+        let before = match i.checked_sub(1).map(|j| &edits[j]) {
+            Some(prev) if prev.at.end == at.start && !prev.text.is_empty() => prev.text.chars().next_back(),
+            _ => sql.get(..at.start).and_then(|s| s.chars().next_back()),
+        };
+        let after = match edits.get(i + 1) {
+            Some(next) if next.at.start == at.end && !next.text.is_empty() => next.text.chars().next(),
+            _ => sql.get(at.end..).and_then(|s| s.chars().next()),
+        };
+        let text = &mut edits[i].text;
+        if text.is_empty() {
+            continue;
+        }
+        if word(text.chars().next_back()) && word(after) {
+            text.push(' ');
+        }
+        if word(text.chars().next()) && word(before) {
+            text.insert(0, ' ');
+        }
+    }
 }
 
 /// Applies non-overlapping edits, sorted by position; insertions at one offset

@@ -342,3 +342,26 @@ fn template_and_text_agree_on_an_unterminated_string() {
         );
     }
 }
+
+/// Where the client wrote no space before the next word, the epoch literal gets one:
+/// `7WHERE` is a number with trailing junk to Postgres.
+#[test]
+fn an_edit_never_touches_the_next_word() {
+    let cases = [
+        (
+            "UPDATE sweep_state SET note='x'WHERE id=1",
+            "UPDATE sweep_state SET note='x', last_epoch = 7 WHERE (id=1) AND coalesce(sweep_state.last_epoch, 0) <= 7",
+        ),
+        (
+            "UPDATE sweep_state SET note='x'RETURNING id",
+            "UPDATE sweep_state SET note='x', last_epoch = 7 WHERE coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING id",
+        ),
+        (
+            "DELETE FROM sweep_state WHERE id IN (1,2)RETURNING id",
+            "DELETE FROM sweep_state WHERE (id IN (1,2)) AND coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING id",
+        ),
+    ];
+    for (sql, want) in cases {
+        assert_eq!(rw(sql).unwrap(), want, "{sql}");
+    }
+}

@@ -279,3 +279,20 @@ async fn rewrite_refuses_a_backslash_while_the_string_rules_may_change() {
     assert!(!ran.iter().any(|m| m.tag == b'E'), "{ran:?}");
     assert_eq!(f.note().await.1, 0);
 }
+
+/// Compact SQL, with no space between a value and the next keyword, runs rewritten as it
+/// runs straight to Postgres: the epoch the rewrite adds is kept apart from the keyword.
+#[tokio::test]
+async fn rewrite_of_compact_sql_runs() {
+    let f = fixture(false).await;
+    let a = f.leader(5).await;
+    for sql in [
+        "UPDATE sweep_state SET note='x'WHERE id=1",
+        "UPDATE sweep_state SET note='y'RETURNING id",
+        "DELETE FROM sweep_state WHERE id IN (7,8)RETURNING id",
+        "INSERT INTO sweep_state(id,note)SELECT 2,('z')RETURNING id",
+    ] {
+        a.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    assert_eq!(f.note().await, ("y".to_owned(), 5));
+}
