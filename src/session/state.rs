@@ -1021,6 +1021,9 @@ impl Shared {
                 }
                 Some(_) => match self.pending.pop_front() {
                     Some(Unit::Parse(_, Some(d), _)) => self.forget_failed(&d),
+                    // Counted as sent when dispatched, as a Sync is: answered now, as it
+                    // never will be.
+                    Some(Unit::Query { .. } | Unit::FunctionCall) => self.answered += 1,
                     Some(Unit::Bind(_, _, Some(r))) => {
                         self.bind_answered(&r.portal);
                         self.unbind(*r);

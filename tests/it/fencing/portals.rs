@@ -381,3 +381,31 @@ async fn a_begin_prepared_earlier_counts(begin: &str) {
         old_portal_outcome(&f, port, &got, begin).await;
     }
 }
+
+/// A Query that Postgres skips after an error in the extended protocol gets no answer at
+/// all: pgfence does not wait for one. A portal of the next batch is gone at its idle
+/// ReadyForQuery, so a read bound to that name later runs as the read it is, with no epoch
+/// (before, pgfence still counted the skipped Query, kept the portal, and took the read for
+/// the write the name had held: PF002).
+#[tokio::test]
+async fn a_query_skipped_after_an_error_is_not_waited_for() {
+    let f = Fixture::at_epoch_two().await;
+    let params = [("user", "postgres"), ("database", f.db.as_str())];
+    let (mut s, _) = Raw::startup(f.proxy.port(), &params).await;
+    s.send(&[parse("", "selec 1"), query("SELECT 1"), sync()].concat())
+        .await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["42601"]);
+    s.send(&[parse("ws", STALE_UPDATE), bind("w", "ws", &[]), sync()].concat())
+        .await;
+    assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+    let read = [
+        parse("rs", "SELECT count(*) FROM sweep_state"),
+        bind("w", "rs", &[]),
+        execute("w"),
+        sync(),
+    ];
+    s.send(&read.concat()).await;
+    let got = s.read_until(|m| m.tag == b'Z').await;
+    assert!(codes(&got).is_empty(), "{got:?}");
+    assert!(got.iter().any(|m| m.tag == b'D'));
+}
