@@ -828,7 +828,22 @@ impl Dispatcher {
 
     /// One analysis for a portal that may run either `a` or `b`: what either needs (a
     /// write to a rewrite-mode table counts as unanalysable, as in [`Self::resolve`]).
+    /// Where only one of them declares (or they declare differently), pgfence cannot
+    /// tell which declaration Postgres makes: it may write any fence, so it is refused.
     fn either(&self, shared: &Shared, a: &Analysis, b: Arc<Analysis>) -> Arc<Analysis> {
+        let declares = |x: &Analysis| x.statements.iter().any(|s| matches!(s.kind, StmtKind::Declare(_)));
+        let same = || {
+            a.statements
+                .iter()
+                .map(|s| &s.kind)
+                .eq(b.statements.iter().map(|s| &s.kind))
+        };
+        if (declares(a) || declares(&b)) && !same() {
+            let anything = self.anything();
+            if !anything.statements.is_empty() {
+                return anything;
+            }
+        }
         let need = |x: &Analysis| match x.statements.as_slice() {
             [] => Need::None,
             [stmt] => self.definition_need(shared, &stmt.kind, true),

@@ -1,6 +1,6 @@
 //! Every way to declare an epoch × {stale, current, none, invalid}.
 
-use super::{Fixture, code, fence_toml};
+use super::{Fixture, NO_LEASE, code, fence_toml};
 use crate::common::pg::{Cluster, try_connect};
 use crate::common::raw::{Raw, codes};
 
@@ -386,4 +386,50 @@ async fn a_database_name_is_cut_to_63_bytes_as_postgres_cuts_it() {
     assert!(write_as(cluster.port()).await.is_empty());
     let got: String = admin.query_one(note, &[]).await.unwrap().get(0);
     assert_eq!(got, "w");
+}
+
+/// A named portal bound again in a block: Postgres refuses the second Bind (42P03) and,
+/// after `ROLLBACK TO SAVEPOINT`, runs what the portal held before. When one of the two
+/// statements declares an epoch, pgfence cannot tell which runs: the Execute is refused
+/// (PF004), so the epoch pgfence enforces stays the one `SHOW pgfence.epoch` gives.
+#[tokio::test]
+async fn a_portal_that_may_run_either_of_two_declarations_is_refused() {
+    use crate::common::raw::{bind, execute, parse, query, sync};
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    f.admin
+        .batch_execute("UPDATE pgfence.fence SET hwm = 1000")
+        .await
+        .unwrap();
+    let step = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    let pairs = [
+        ("SELECT 1", "SET pgfence.epoch = 50"),
+        ("SET pgfence.epoch = 50", "SELECT 1"),
+    ];
+    for (old, new) in pairs {
+        let mut s = f.raw(f.proxy.port(), "5", &[]).await;
+        s.simple("BEGIN").await;
+        s.send(&[parse("s1", old), bind("p", "s1", &[]), step("SAVEPOINT sp"), sync()].concat())
+            .await;
+        assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+        let refused = [parse("s2", new), bind("p", "s2", &[]), sync()].concat();
+        s.send(&[refused, step("ROLLBACK TO sp"), execute("p"), sync()].concat())
+            .await;
+        assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["42P03"]);
+        assert_eq!(
+            codes(&s.read_until(|m| m.tag == b'Z').await),
+            ["PF004"],
+            "{old} / {new}"
+        );
+        s.simple("ROLLBACK").await;
+        let shown = s.simple("SHOW pgfence.epoch").await;
+        let row = shown.iter().find(|m| m.tag == b'D').expect("a row");
+        let shown = String::from_utf8_lossy(&row.body[6..]).into_owned();
+        s.send(&query("UPDATE sweep_state SET note = 'x' WHERE id = 1")).await;
+        let refusal = s.read_until(|m| m.tag == b'Z').await;
+        let message = refusal.iter().find_map(|m| m.field(b'M')).unwrap_or_default();
+        assert!(
+            message.contains(&format!("epoch {shown} is stale")),
+            "{shown}: {message}"
+        );
+    }
 }
