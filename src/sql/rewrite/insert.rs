@@ -164,10 +164,12 @@ impl Rw<'_, '_> {
 
     /// `INSERT … (cols) <query>`: a plain SELECT gets `, N` appended to its output
     /// list, or its output for a listed epoch column replaced (see [`Self::own_output`]);
-    /// any other query is wrapped, `SELECT q.c1, …, N FROM (<query>) AS q (c1, …)`.
-    /// Rewriting in place keeps Postgres' reading of the query: it types `$n` and
-    /// untyped literals in a SELECT by the columns they go to, and inside the wrapper
-    /// they would be text.
+    /// any other query is wrapped: `SELECT q.*, N FROM (<query>) AS q` (so Postgres still
+    /// refuses a query with more or fewer outputs than columns), or, when the list names
+    /// the epoch column, `SELECT q.c1, …, N FROM (<query>) AS q (c1, …)`, where outputs
+    /// beyond the list go unused (FENCING.md). Rewriting in place keeps Postgres' reading
+    /// of the query: it types `$n` and untyped literals in a SELECT by the columns they go
+    /// to, and inside the wrapper they would be text.
     fn insert_query(&mut self, s: usize, e: usize, d: u32, cols: &Cols) -> Res {
         if let Some((p, end)) = self.simple_projection(s, e, d) {
             match cols.col {
@@ -184,6 +186,12 @@ impl Rw<'_, '_> {
             }
         }
         let t = self.t;
+        if cols.col.is_none() {
+            self.insert(t.start(s), format!("SELECT pgfence_q.*, {} FROM (", self.n));
+            self.insert(t.end(e - 1), ") AS pgfence_q".to_owned());
+            self.add_col(cols);
+            return Ok(());
+        }
         let mut outputs = Vec::with_capacity(cols.len + 1);
         for k in 0..cols.len {
             outputs.push(if cols.col == Some(k) {
@@ -191,9 +199,6 @@ impl Rw<'_, '_> {
             } else {
                 format!("pgfence_q.pgfence_c{}", k + 1)
             });
-        }
-        if cols.col.is_none() {
-            outputs.push(self.n.clone());
         }
         let aliases: Vec<String> = (1..=cols.len).map(|k| format!("pgfence_c{k}")).collect();
         self.insert(t.start(s), format!("SELECT {} FROM (", outputs.join(", ")));

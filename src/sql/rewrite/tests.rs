@@ -108,6 +108,14 @@ fn rewrites_are_text_edits() {
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT x.*, 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
+            "INSERT INTO sweep_state (id, note) SELECT 1, 'a' UNION SELECT 2, 'b'",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, 7 FROM (SELECT 1, 'a' UNION SELECT 2, 'b') AS pgfence_q",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) (SELECT id, note FROM x)",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, 7 FROM ((SELECT id, note FROM x)) AS pgfence_q",
+        ),
+        (
             "INSERT INTO sweep_state (id, last_epoch) SELECT 1, 2 UNION SELECT 3, 4",
             "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT 1, 2 UNION SELECT 3, 4) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),

@@ -296,3 +296,30 @@ async fn rewrite_of_compact_sql_runs() {
     }
     assert_eq!(f.note().await, ("y".to_owned(), 5));
 }
+
+/// An INSERT whose query is not a plain SELECT is wrapped to add the epoch, and Postgres
+/// still checks its outputs against the column list: one output too many is its 42601, as
+/// straight to Postgres, not a row with a value dropped.
+#[tokio::test]
+async fn rewrite_of_insert_from_a_query_keeps_postgres_column_count_check() {
+    let f = fixture(false).await;
+    let a = f.leader(5).await;
+    let direct = f.direct().await;
+    let surplus = "INSERT INTO sweep_state (id, note) SELECT 10, 'a', 'extra' UNION ALL SELECT 11, 'b', 'extra'";
+    let short = "INSERT INTO sweep_state (id, note) (SELECT 12)";
+    for sql in [surplus, short] {
+        assert_eq!(code(&a.batch_execute(sql).await), "42601", "{sql}");
+        assert_eq!(code(&direct.batch_execute(sql).await), "42601", "control: {sql}");
+    }
+    let fine = "INSERT INTO sweep_state (id, note) SELECT 10, 'a' UNION ALL SELECT 11, 'b'";
+    assert_eq!(a.execute(fine, &[]).await.unwrap(), 2);
+    let epochs: Vec<i64> = f
+        .admin
+        .query("SELECT last_epoch FROM sweep_state WHERE id IN (10, 11)", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(epochs, [5, 5]);
+}
