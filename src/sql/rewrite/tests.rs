@@ -373,3 +373,16 @@ fn an_edit_never_touches_the_next_word() {
         assert_eq!(rw(sql).unwrap(), want, "{sql}");
     }
 }
+
+/// `end` and `case` as column labels (`AS end`, `t.end`) are not a CASE's ends.
+#[test]
+fn case_words_as_column_labels_are_not_case() {
+    for sql in [
+        "UPDATE sweep_state SET note = 'x' WHERE id = 1 RETURNING id AS end",
+        "UPDATE sweep_state SET note = (SELECT 'q' AS end) WHERE id = 1",
+        "UPDATE sweep_state SET note = (SELECT s.case FROM s) WHERE id = 1",
+        "UPDATE sweep_state SET note = CASE WHEN id = 1 THEN 'a' END WHERE id = 1 RETURNING note AS end",
+    ] {
+        assert!(rw(sql).is_ok_and(|out| out.contains("<= 7")), "{sql}");
+    }
+}

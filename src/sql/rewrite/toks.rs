@@ -37,8 +37,11 @@ impl<'a> Toks<'a> {
     pub(super) fn new(text: &'a str, lexing: Lexing) -> Option<Self> {
         let mut depth = 0u32;
         let mut toks = Vec::new();
+        let mut prev: Option<&str> = None;
         for t in Lexer::new(text, lexing) {
-            let word = |kw: &str| t.is_word(text, kw);
+            // `AS end` and `t.case` are column labels, not a CASE's ends.
+            let label = matches!(prev, Some(p) if p.eq_ignore_ascii_case("as") || p == ".");
+            let word = |kw: &str| !label && t.is_word(text, kw);
             let (own, next) = if t.is_punct(b'(') || t.is_punct(b'[') || word("case") {
                 (depth, depth + 1)
             } else if t.is_punct(b')') || t.is_punct(b']') || word("end") {
@@ -47,6 +50,7 @@ impl<'a> Toks<'a> {
             } else {
                 (depth, depth)
             };
+            prev = text.get(t.span.clone());
             toks.push(Tok {
                 kind: t.kind,
                 span: t.span,
