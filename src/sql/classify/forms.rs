@@ -400,6 +400,28 @@ pub(super) fn as_execute(text: &str, lexing: Lexing) -> Option<String> {
     None
 }
 
+/// Whether a statement sqlparser could not parse only defines an object that reads a
+/// table's rows or describes them: `CREATE [OR REPLACE] [TEMP] [RECURSIVE] VIEW` (Postgres
+/// refuses a data-modifying WITH in a view), `CREATE STATISTICS`, `CREATE PUBLICATION`.
+/// Without any data-modifying keyword, for good measure.
+pub(super) fn defines_a_reader(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    if !c.eat_word("create") {
+        return false;
+    }
+    let defines = if c.eat_word("statistics") || c.eat_word("publication") {
+        true
+    } else {
+        if c.eat_word("or") && !c.eat_word("replace") {
+            return false;
+        }
+        let _ = c.eat_word("temp") || c.eat_word("temporary");
+        let _ = c.eat_word("recursive");
+        c.eat_word("view")
+    };
+    defines && !has_dml_keyword(text, lexing)
+}
+
 /// Whether a data-modifying keyword appears outside strings. Only `FOR UPDATE`
 /// and `FOR NO KEY UPDATE` are row locks: `key` alone is a legal column name,
 /// and `… CYCLE n SET c USING key UPDATE t …` runs an UPDATE (`FOR` is

@@ -200,6 +200,15 @@ const ROWS: &[(&str, &str)] = &[
     // Other DDL.
     ("CREATE INDEX ON invoices (a)", "other"),
     ("CREATE VIEW v AS SELECT * FROM invoices", "other"),
+    // Definitions that read or describe a fenced table, which sqlparser does not read.
+    ("CREATE VIEW v AS SELECT * FROM invoices WITH CHECK OPTION", "other"),
+    (
+        "CREATE OR REPLACE TEMP VIEW v AS SELECT * FROM invoices WITH LOCAL CHECK OPTION",
+        "other",
+    ),
+    ("CREATE STATISTICS st (ndistinct) ON a, b FROM invoices", "other"),
+    ("CREATE PUBLICATION p FOR TABLE invoices", "other"),
+    ("CREATE PUBLICATION p FOR TABLE invoices WHERE (a > 1)", "other"),
     ("CREATE TABLE t2 AS SELECT * FROM invoices", "other"),
     ("CREATE TABLE t2 AS EXECUTE p", "execute p"),
     ("CREATE TABLE t2 (LIKE invoices)", "other"),
