@@ -97,17 +97,17 @@ impl Encoding {
     }
 
     /// Whether a name the client sends keeps its bytes in this (the server's) encoding.
-    /// `client` is the client's encoding as last reported; `in_flight`: a request not yet
-    /// answered may have changed it.
-    fn keeps_bytes_of(self, client: Encoding, in_flight: bool) -> bool {
-        self == Self::SqlAscii || (self == client && self != Self::Multibyte(u8::MAX) && !in_flight)
+    /// `client` is the client's encoding as last reported; `in_flight`: whether a request
+    /// not yet answered may have changed it.
+    fn keeps_bytes_of(self, client: Encoding, in_flight: impl FnOnce() -> bool) -> bool {
+        self == Self::SqlAscii || (self == client && self != Self::Multibyte(u8::MAX) && !in_flight())
     }
 }
 
 /// The key pgfence keeps a protocol statement or portal name under: Postgres' key as
 /// a string, or [`UNCERTAIN`]. Keys of byte strings that are not UTF-8 are a NUL and
 /// the bytes in hex, so two names Postgres tells apart never share a key.
-pub fn protocol_key(name: &[u8], server: Encoding, client: Encoding, in_flight: bool) -> Cow<'_, str> {
+pub fn protocol_key(name: &[u8], server: Encoding, client: Encoding, in_flight: impl FnOnce() -> bool) -> Cow<'_, str> {
     let cut = &name[..name.len().min(MAX_IDENT_BYTES)];
     if cut.is_ascii() || server.keeps_bytes_of(client, in_flight) {
         bytes_key(cut)
@@ -144,7 +144,7 @@ fn bytes_key(bytes: &[u8]) -> Cow<'_, str> {
 pub fn ident_uncertain(ident: &str, server: Encoding, client: Encoding, in_flight: bool) -> bool {
     const MAY_BE_CUT: usize = MAX_IDENT_BYTES - 3;
     !ident.is_ascii()
-        && !(server.keeps_bytes_of(client, in_flight) && (server == Encoding::Utf8 || ident.len() < MAY_BE_CUT))
+        && !(server.keeps_bytes_of(client, || in_flight) && (server == Encoding::Utf8 || ident.len() < MAY_BE_CUT))
 }
 
 #[cfg(test)]
@@ -166,31 +166,37 @@ mod tests {
     #[test]
     fn names_in_the_same_encoding_are_cut_at_63_bytes() {
         let base = "s".repeat(62);
-        assert_eq!(protocol_key(b"s1", UTF8, UTF8, false), "s1");
+        assert_eq!(protocol_key(b"s1", UTF8, UTF8, || false), "s1");
         assert_eq!(
-            protocol_key(format!("{base}xyz").as_bytes(), UTF8, UTF8, false),
+            protocol_key(format!("{base}xyz").as_bytes(), UTF8, UTF8, || false),
             format!("{base}x")
         );
         // A cut inside a character keeps the bytes before it, as Postgres' key does.
         let acute = format!("{base}é");
-        let e_acute = protocol_key(acute.as_bytes(), UTF8, UTF8, false);
-        assert_eq!(protocol_key(format!("{base}è").as_bytes(), UTF8, UTF8, false), e_acute);
-        assert_ne!(protocol_key(format!("{base}€").as_bytes(), UTF8, UTF8, false), e_acute);
-        assert_ne!(protocol_key(base.as_bytes(), UTF8, UTF8, false), e_acute);
+        let e_acute = protocol_key(acute.as_bytes(), UTF8, UTF8, || false);
+        assert_eq!(
+            protocol_key(format!("{base}è").as_bytes(), UTF8, UTF8, || false),
+            e_acute
+        );
+        assert_ne!(
+            protocol_key(format!("{base}€").as_bytes(), UTF8, UTF8, || false),
+            e_acute
+        );
+        assert_ne!(protocol_key(base.as_bytes(), UTF8, UTF8, || false), e_acute);
         // Bytes that are not UTF-8 (a LATIN1 client and database) are their own keys.
         let latin1 = Encoding::named(b"LATIN1");
         let (e, f) = (b"\xe9".repeat(70), [b"\xe9".repeat(63), b"x".to_vec()].concat());
         assert_eq!(
-            protocol_key(&e, latin1, latin1, false),
-            protocol_key(&f, latin1, latin1, false)
+            protocol_key(&e, latin1, latin1, || false),
+            protocol_key(&f, latin1, latin1, || false)
         );
         assert_ne!(
-            protocol_key(&e, latin1, latin1, false),
-            protocol_key(b"\xe8", latin1, latin1, false)
+            protocol_key(&e, latin1, latin1, || false),
+            protocol_key(b"\xe8", latin1, latin1, || false)
         );
         assert_ne!(
-            protocol_key(b"\xe9", latin1, latin1, false),
-            protocol_key(b"\xe8", latin1, latin1, false)
+            protocol_key(b"\xe9", latin1, latin1, || false),
+            protocol_key(b"\xe8", latin1, latin1, || false)
         );
     }
 
@@ -198,16 +204,19 @@ mod tests {
     fn names_pgfence_cannot_key_are_uncertain() {
         let (win1252, euc_jp) = (Encoding::named(b"WIN1252"), Encoding::named(b"EUC_JP"));
         // 'é' is two bytes to a UTF8 client, one in a WIN1252 database.
-        assert_eq!(protocol_key("é".as_bytes(), win1252, UTF8, false), UNCERTAIN);
-        assert_eq!(protocol_key(&b"\xe9".repeat(40), UTF8, win1252, false), UNCERTAIN);
-        assert_eq!(protocol_key("é".as_bytes(), euc_jp, UTF8, false), UNCERTAIN);
+        assert_eq!(protocol_key("é".as_bytes(), win1252, UTF8, || false), UNCERTAIN);
+        assert_eq!(protocol_key(&b"\xe9".repeat(40), UTF8, win1252, || false), UNCERTAIN);
+        assert_eq!(protocol_key("é".as_bytes(), euc_jp, UTF8, || false), UNCERTAIN);
         // Kept bytes: a SQL_ASCII database, or the client's own encoding.
-        assert_eq!(protocol_key("é".as_bytes(), Encoding::SqlAscii, UTF8, false), "é");
-        assert_eq!(protocol_key(b"\xe9", win1252, win1252, false), "\0e9");
+        assert_eq!(protocol_key("é".as_bytes(), Encoding::SqlAscii, UTF8, || false), "é");
+        assert_eq!(protocol_key(b"\xe9", win1252, win1252, || false), "\0e9");
         // ASCII where it could be cut: the same key whatever the encodings.
         let ascii_head = "s".repeat(63) + "é";
-        assert_eq!(protocol_key(ascii_head.as_bytes(), euc_jp, UTF8, false), "s".repeat(63));
-        assert_eq!(protocol_key(b"s1", euc_jp, UTF8, false), "s1");
+        assert_eq!(
+            protocol_key(ascii_head.as_bytes(), euc_jp, UTF8, || false),
+            "s".repeat(63)
+        );
+        assert_eq!(protocol_key(b"s1", euc_jp, UTF8, || false), "s1");
         assert!(ident_uncertain("é", win1252, UTF8, false));
         assert!(!ident_uncertain(&"é".repeat(40), UTF8, UTF8, false));
         assert!(!ident_uncertain("é", Encoding::SqlAscii, UTF8, false));
@@ -215,9 +224,9 @@ mod tests {
         assert!(!ident_uncertain(&"s".repeat(63), win1252, UTF8, false));
         // A request in flight may have changed client_encoding: only a SQL_ASCII database
         // keeps every name's bytes then.
-        assert_eq!(protocol_key("é".as_bytes(), UTF8, UTF8, true), UNCERTAIN);
-        assert_eq!(protocol_key(b"s1", UTF8, UTF8, true), "s1");
-        assert_eq!(protocol_key("é".as_bytes(), Encoding::SqlAscii, UTF8, true), "é");
+        assert_eq!(protocol_key("é".as_bytes(), UTF8, UTF8, || true), UNCERTAIN);
+        assert_eq!(protocol_key(b"s1", UTF8, UTF8, || true), "s1");
+        assert_eq!(protocol_key("é".as_bytes(), Encoding::SqlAscii, UTF8, || true), "é");
         assert!(ident_uncertain("é", UTF8, UTF8, true));
     }
 }

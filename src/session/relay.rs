@@ -331,7 +331,7 @@ fn handle_client_message(
             let mut out = BytesMut::new();
             match (portal, statement) {
                 (Some(p), Some(s)) => {
-                    let (p, s) = (key(st, p).into_owned(), key(st, s));
+                    let (p, s) = (key(st, p), key(st, s));
                     disp.on_bind(st, &p, &s, &mut out)
                 }
                 _ if msg.len() < total => return Err("Bind names too long".into()),
@@ -392,7 +392,9 @@ fn handle_client_message(
 
 /// A protocol statement or portal name as pgfence keys it (see [`names`]).
 fn key<'a>(st: &Shared, name: &'a [u8]) -> Cow<'a, str> {
-    names::protocol_key(name, st.reported.server, st.reported.client, st.settings_may_change())
+    names::protocol_key(name, st.reported.server, st.reported.client, || {
+        st.settings_may_change()
+    })
 }
 
 /// Upstream to client. Cancel safe: no (see [`client_to_upstream`]). `mid_message` is
