@@ -18,12 +18,14 @@ use super::dispatch::Dispatcher;
 use super::names;
 use super::state::{Shared, Verdict};
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
+use crate::sql::lex::MAX_IDENT_BYTES;
 
 /// Read buffer size; also what an idle session keeps per direction.
 const READ_CHUNK: usize = 8 * 1024;
 /// Bind messages are inspected through their first bytes only (the names).
 const BIND_PREFIX: usize = 64 * 1024;
-/// Largest small client message (Execute, Close, Describe, Sync, Flush, Terminate).
+/// Largest small client message (Execute, Close, Describe, Sync, Flush, Terminate):
+/// Postgres' own limit is 10 000 bytes (`PQ_SMALL_MESSAGE_LIMIT`).
 const SMALL_MESSAGE: usize = 64 * 1024;
 /// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse, ParameterStatus) up to this size.
 const SERVER_INSPECT: usize = 1024 * 1024;
@@ -334,7 +336,17 @@ fn handle_client_message(
                     let (p, s) = (key(st, p), key(st, s));
                     disp.on_bind(st, &p, &s, &mut out)
                 }
-                _ if msg.len() < total => return Err("Bind names too long".into()),
+                // Names longer than the part read: Postgres keys each by its first 63 bytes.
+                _ if msg.len() < total => {
+                    let (portal, rest) = leading_name(&msg[HEADER_LEN..]).ok_or_else(malformed)?;
+                    let portal = key(st, portal);
+                    let statement = match rest.and_then(leading_name) {
+                        Some((s, _)) => key(st, s),
+                        // It starts beyond what was read: it may be any.
+                        None => Cow::Borrowed(names::UNCERTAIN),
+                    };
+                    disp.on_bind(st, &portal, &statement, &mut out)
+                }
                 _ => return Err(malformed()),
             }
             Ok(if out.is_empty() {
@@ -387,6 +399,15 @@ fn handle_client_message(
         }
         b'X' => Ok(Action::Terminate),
         _ => Ok(Action::Forward),
+    }
+}
+
+/// The name at the start of `bytes` and what follows its NUL; when the NUL is not among
+/// them, the name's first 63 bytes (all of it that Postgres keys) and nothing after.
+fn leading_name(bytes: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
+    match memchr::memchr(0, bytes) {
+        Some(i) => Some((&bytes[..i], Some(&bytes[i + 1..]))),
+        None => bytes.get(..MAX_IDENT_BYTES).map(|name| (name, None)),
     }
 }
 

@@ -409,3 +409,56 @@ async fn a_query_skipped_after_an_error_is_not_waited_for() {
     assert!(codes(&got).is_empty(), "{got:?}");
     assert!(got.iter().any(|m| m.tag == b'D'));
 }
+
+/// Names longer than the part of a Bind pgfence reads (64 KiB) are keyed, as Postgres
+/// keys them, by their first 63 bytes: a read under such a statement name runs (before, the
+/// session ended with 08P01), and the stale write under it is refused (PF001) as under any
+/// name. A statement name that starts beyond that part, after a portal name of more than 64
+/// KiB (which only SQL `FETCH` can run: Postgres takes an Execute of at most 10 000 bytes),
+/// may be any: refused (PF004) on a database with fences. Control: straight to Postgres the
+/// stale write lands.
+#[tokio::test]
+async fn names_longer_than_a_bind_is_read_are_keyed_by_their_first_bytes() {
+    let f = Fixture::at_epoch_two().await;
+    let (statement, portal) = ("s".repeat(70_000), "p".repeat(100));
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let direct = port == f.cluster.port();
+        let mut s = f.raw(port, "1", &[]).await;
+        let read = [
+            parse(&statement, "SELECT 1"),
+            bind(&portal, &statement, &[]),
+            execute(&portal),
+            sync(),
+        ];
+        s.send(&read.concat()).await;
+        assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "12DCZ", "{port}");
+        s.simple("BEGIN").await;
+        let huge = "p".repeat(70_000);
+        s.send(&[bind(&huge, &statement, &[]), sync()].concat()).await;
+        assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "2Z");
+        s.send(&query(&format!("FETCH ALL FROM \"{huge}\""))).await;
+        let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+        let got: Vec<_> = got.into_iter().filter(|c| c != "42622").collect();
+        assert_eq!(got, if direct { vec![] } else { vec!["PF004".to_owned()] });
+        s.simple("ROLLBACK").await;
+        s.simple("BEGIN").await;
+        // (A Close of so long a name is more than Postgres takes: another name.)
+        let writer = "w".repeat(70_000);
+        let write = [
+            parse(&writer, STALE_UPDATE),
+            bind(&portal, &writer, &[]),
+            execute(&portal),
+            sync(),
+        ];
+        s.send(&write.concat()).await;
+        let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+        s.simple("COMMIT").await;
+        if direct {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        } else {
+            assert_eq!(got, ["PF001"]);
+            assert_eq!(f.note().await.0, "init");
+        }
+    }
+}
