@@ -872,11 +872,14 @@ impl Shared {
     }
 
     /// What portal `name` held before each of its Binds sent before dispatcher batch
-    /// `batch` and not yet answered.
+    /// `batch` and not yet answered. Nothing when `batch` binds the name too: if Postgres
+    /// refuses that Bind, it skips the rest of the batch, so only what it binds can run.
     pub fn held_before(&self, name: &str, batch: u64) -> impl Iterator<Item = &Arc<Analysis>> {
-        self.rebinding
-            .get(name)
+        let binds = self.rebinding.get(name);
+        let rebound_now = binds.and_then(|q| q.back()).is_some_and(|(b, _)| *b == batch);
+        binds
             .into_iter()
+            .filter(move |_| !rebound_now)
             .flat_map(move |q| q.iter().take_while(move |(b, _)| *b < batch))
             .filter_map(|(_, a)| a.as_ref())
     }

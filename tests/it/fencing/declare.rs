@@ -406,15 +406,20 @@ async fn a_portal_that_may_run_either_of_two_declarations_is_refused() {
         ("SET pgfence.epoch = 50", "SELECT 1"),
     ];
     for (old, new) in pairs {
+        // Control: straight to Postgres the Execute runs the portal from before.
+        let mut d = f.raw(f.cluster.port(), "5", &[]).await;
         let mut s = f.raw(f.proxy.port(), "5", &[]).await;
-        s.simple("BEGIN").await;
-        s.send(&[parse("s1", old), bind("p", "s1", &[]), step("SAVEPOINT sp"), sync()].concat())
-            .await;
-        assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
-        let refused = [parse("s2", new), bind("p", "s2", &[]), sync()].concat();
-        s.send(&[refused, step("ROLLBACK TO sp"), execute("p"), sync()].concat())
-            .await;
-        assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["42P03"]);
+        for s in [&mut d, &mut s] {
+            s.simple("BEGIN").await;
+            s.send(&[parse("s1", old), bind("p", "s1", &[]), step("SAVEPOINT sp"), sync()].concat())
+                .await;
+            assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
+            let refused = [parse("s2", new), bind("p", "s2", &[]), sync()].concat();
+            s.send(&[refused, step("ROLLBACK TO sp"), execute("p"), sync()].concat())
+                .await;
+            assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["42P03"]);
+        }
+        assert!(codes(&d.read_until(|m| m.tag == b'Z').await).is_empty());
         assert_eq!(
             codes(&s.read_until(|m| m.tag == b'Z').await),
             ["PF004"],
@@ -431,5 +436,37 @@ async fn a_portal_that_may_run_either_of_two_declarations_is_refused() {
             message.contains(&format!("epoch {shown} is stale")),
             "{shown}: {message}"
         );
+    }
+}
+
+/// A libpq-style pipeline, each statement in its own batch through the unnamed statement
+/// and portal, sent before any answer: a declaration among them does not make the Executes
+/// after it ambiguous, as each batch binds the portal it runs. The leader's transaction
+/// commits, as straight to Postgres.
+#[tokio::test]
+async fn a_pipeline_of_batches_with_a_declaration_runs_as_sent() {
+    use crate::common::raw::{bind, execute, parse, sync};
+    let f = Fixture::at_epoch_two().await;
+    let batch = |sql: &str| [parse("", sql), bind("", "", &[]), execute(""), sync()].concat();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "2", &[]).await;
+        let sent = [
+            "BEGIN",
+            "SET LOCAL pgfence.epoch = 2",
+            "UPDATE sweep_state SET note = 'one' WHERE id = 1",
+            "SELECT note FROM sweep_state",
+            "UPDATE sweep_state SET note = 'two' WHERE id = 1",
+            "COMMIT",
+        ];
+        s.send(&sent.map(batch).concat()).await;
+        for sql in sent {
+            let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+            assert!(got.is_empty(), "{port}: {sql}: {got:?}");
+        }
+        assert_eq!(f.note().await.0, "two");
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+            .await
+            .unwrap();
     }
 }
