@@ -720,6 +720,7 @@ impl Dispatcher {
         };
         if portal == names::UNCERTAIN {
             self.poison_portals(shared);
+            shared.uncertain_portals = Some(self.sent);
         }
         let before = shared.portals.insert(portal.to_owned(), entry);
         shared
@@ -757,6 +758,7 @@ impl Dispatcher {
         let (mut analysis, mut exact) = match shared.portals.get(portal) {
             _ if portal == names::UNCERTAIN => (self.anything(), false),
             Some(e) => (e.analysis.clone(), e.exact == Some(self.batch)),
+            None if uncertain_portal(shared, portal) => (self.anything(), false),
             None => (Arc::default(), false),
         };
         // A Bind of the name from an earlier batch, not yet answered, may be refused: inside
@@ -1029,6 +1031,9 @@ impl Dispatcher {
             return need;
         }
         for name in portals.iter().flatten() {
+            if !shared.portals.contains_key(name) && uncertain_portal(shared, name) {
+                return Need::Unanalysable(Vec::new());
+            }
             // A FETCH runs in a batch of its own: every unanswered Bind is from before it.
             let batch = if self.maybe_in_block { u64::MAX } else { 0 };
             for analysis in shared.portal_may_run(name, batch) {
@@ -1216,6 +1221,12 @@ fn raise_block(r: &Rejection) -> String {
         guard_sql::quote_literal(&r.hint)
     );
     format!("DO {}", guard_sql::quote_literal(&body))
+}
+
+/// Whether portal `name`, which pgfence does not know, may be one bound under a name it
+/// could not key.
+fn uncertain_portal(shared: &Shared, name: &str) -> bool {
+    shared.uncertain_portals.is_some() && names::not_ascii(name)
 }
 
 /// The statement and cursor names a statement of `kind` names.

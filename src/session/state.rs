@@ -387,6 +387,10 @@ pub struct Shared {
     pub portals: HashMap<String, PortalEntry>,
     /// Client Binds sent so far: each portal entry's number.
     pub binds: u64,
+    /// The Sync count of the last Bind of a portal under a name pgfence cannot key
+    /// (`names::UNCERTAIN`), until its transaction ends: until then a portal name that is
+    /// not ASCII and that pgfence does not know may be that one.
+    pub uncertain_portals: Option<u64>,
     /// Per portal name, its client Binds not yet answered, in order: the dispatcher's batch
     /// each was sent in and what the name held before it. Until one is answered, a portal
     /// run in a later batch may still be the one before it (Postgres keeps that one when
@@ -924,6 +928,7 @@ impl Shared {
             self.end_transaction(!self.tx_error);
             let answered = self.answered;
             self.portals.retain(|_, e| e.sent >= answered);
+            self.uncertain_portals = self.uncertain_portals.filter(|&sent| sent >= answered);
         }
     }
 

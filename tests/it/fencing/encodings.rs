@@ -199,3 +199,53 @@ async fn a_name_sent_while_the_encoding_may_change_is_not_taken_for_another() {
         }
     }
 }
+
+/// A portal bound under a name sent while the encoding may change (an Execute waits for
+/// its Sync) may be any non-ASCII name: run later by that name, by the protocol or by SQL
+/// `FETCH`, when pgfence would key it, it is refused (PF004), not taken for a portal
+/// pgfence never saw bound.
+#[tokio::test]
+async fn a_portal_bound_under_a_name_pgfence_cannot_key_is_not_taken_for_an_unknown_one() {
+    let f = Fixture::at_epoch_two().await;
+    let e = "é".as_bytes();
+    let runs = [
+        [execute(e), sync()].concat(),
+        message(b'Q', b"FETCH ALL FROM \"\xc3\xa9\"\0"),
+    ];
+    for run_it in runs {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let mut s = f.raw(port, "1", &[]).await;
+            s.simple("BEGIN").await;
+            let bound = [
+                parse(b"w", &format!("{STALE} RETURNING id")),
+                parse(b"", "SELECT 1"),
+                bind(b"", b""),
+                execute(b""),
+                bind(e, b"w"),
+            ];
+            s.send(&[bound.concat(), sync()].concat()).await;
+            let got = s.read_until(|m| m.tag == b'Z').await;
+            assert!(
+                codes(&got).is_empty(),
+                "{port}: {:?}",
+                got.iter().find_map(|m| m.field(b'M'))
+            );
+            s.send(&run_it).await;
+            let got = s.read_until(|m| m.tag == b'Z').await;
+            let message = got.iter().find_map(|m| m.field(b'M'));
+            let got = codes(&got);
+            s.simple("COMMIT").await;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF004"]);
+                assert_eq!(f.note().await.0, "init");
+            } else {
+                assert!(got.is_empty(), "{got:?} {message:?}");
+                assert_eq!(f.note().await.0, "stale");
+                f.admin
+                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
