@@ -137,14 +137,12 @@ fn bytes_key(bytes: &[u8]) -> Cow<'_, str> {
 }
 
 /// Whether pgfence may key an SQL identifier naming a statement or cursor differently
-/// from Postgres. pgfence reads a text as UTF-8 and cuts an identifier on a character
-/// boundary of that reading, at 63 bytes or a little before: the bytes are Postgres'
-/// when the database keeps the client's bytes, and the cut is too in a UTF8 database,
-/// or where it did not cut.
+/// from Postgres. pgfence reads a text as UTF-8, decodes `U&"…"` escapes to UTF-8, folds
+/// only ASCII letters and cuts on a character boundary of that reading: all as Postgres
+/// does for a UTF8 client in a UTF8 database. Elsewhere Postgres writes an escape in the
+/// database's encoding and folds other letters by the database's locale.
 pub fn ident_uncertain(ident: &str, server: Encoding, client: Encoding, in_flight: bool) -> bool {
-    const MAY_BE_CUT: usize = MAX_IDENT_BYTES - 3;
-    !ident.is_ascii()
-        && !(server.keeps_bytes_of(client, || in_flight) && (server == Encoding::Utf8 || ident.len() < MAY_BE_CUT))
+    !ident.is_ascii() && !(server == Encoding::Utf8 && client == Encoding::Utf8 && !in_flight)
 }
 
 #[cfg(test)]
@@ -219,8 +217,7 @@ mod tests {
         assert_eq!(protocol_key(b"s1", euc_jp, UTF8, || false), "s1");
         assert!(ident_uncertain("é", win1252, UTF8, false));
         assert!(!ident_uncertain(&"é".repeat(40), UTF8, UTF8, false));
-        assert!(!ident_uncertain("é", Encoding::SqlAscii, UTF8, false));
-        assert!(ident_uncertain(&"é".repeat(30), Encoding::SqlAscii, UTF8, false));
+        assert!(ident_uncertain("é", Encoding::SqlAscii, UTF8, false));
         assert!(!ident_uncertain(&"s".repeat(63), win1252, UTF8, false));
         // A request in flight may have changed client_encoding: only a SQL_ASCII database
         // keeps every name's bytes then.

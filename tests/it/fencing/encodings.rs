@@ -99,9 +99,10 @@ async fn names_a_database_keys_in_another_encoding_run_nothing_unchecked() {
 }
 
 /// With `client_encoding` the database's own, names are the bytes the client sends, UTF-8
-/// or not: a leader's statement named in WIN1252 runs (before, such a name ended the
-/// session as malformed), and the stale write under a long name is checked as the write
-/// it is (PF001), not taken for the read of a name that shares its first bytes of UTF-8.
+/// or not, cut at 63 as Postgres cuts them: a leader's statement named in WIN1252 runs
+/// (before, such a name ended the session as malformed), and after a Close of another
+/// spelling of the same 63 bytes and a Parse of the stale write under a third, the first
+/// spelling runs that write: checked as the write it is (PF001).
 #[tokio::test]
 async fn names_in_the_databases_own_encoding_are_the_bytes_sent() {
     let f = win1252().await;
@@ -113,11 +114,12 @@ async fn names_in_the_databases_own_encoding_are_the_bytes_sent() {
     )
     .await;
     assert!(got.is_empty(), "{got:?}");
-    let a = [b"\xe9".repeat(32), b"a".to_vec()].concat();
-    let b = [b"\xe9".repeat(32), b"b".to_vec()].concat();
+    let spelling = |tail: &[u8]| [b"\xe9".repeat(63), tail.to_vec()].concat();
+    let (a, b, c) = (spelling(b"a"), spelling(b"b"), spelling(b"c"));
     for port in [f.proxy.port(), f.cluster.port()] {
         let mut s = f.raw(port, "1", &own).await;
-        assert!(run(&mut s, &[parse(&a, STALE), parse(&b, "SELECT 1")]).await.is_empty());
+        assert!(run(&mut s, &[parse(&a, "SELECT 1")]).await.is_empty());
+        assert!(run(&mut s, &[close(&c), parse(&b, STALE)]).await.is_empty());
         let got = run(&mut s, &[bind(b"", &a), execute(b"")]).await;
         if port == f.proxy.port() {
             assert_eq!(got, ["PF001"]);
@@ -246,6 +248,28 @@ async fn a_portal_bound_under_a_name_pgfence_cannot_key_is_not_taken_for_an_unkn
                     .await
                     .unwrap();
             }
+        }
+    }
+}
+
+/// In a database that is not UTF8, Postgres writes the escape of `U&"\00e9"` in the
+/// database's encoding (one byte in WIN1252), while `"é"` sent as UTF-8 bytes by a WIN1252
+/// client is two characters: two names, though both read `é` to pgfence. An SQL name that is
+/// not ASCII may be any there: its EXECUTE is refused (PF004).
+#[tokio::test]
+async fn an_escaped_name_is_not_taken_for_the_bytes_it_reads_as() {
+    let f = win1252().await;
+    let sql = format!("PREPARE U&\"\\00e9\" AS {STALE}; PREPARE \"\u{e9}\" AS SELECT 1; EXECUTE U&\"\\00e9\"");
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[("client_encoding", "WIN1252")]).await;
+        s.send(&query(&sql)).await;
+        let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+        if port == f.proxy.port() {
+            assert_eq!(got, ["PF004"]);
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
         }
     }
 }
