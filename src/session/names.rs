@@ -19,23 +19,20 @@ use crate::sql::lex::MAX_IDENT_BYTES;
 /// no name on the wire or in SQL holds, so no other name has it.
 pub const UNCERTAIN: &str = "\0uncertain";
 
-/// An encoding, as Postgres names it in `server_encoding` and `client_encoding`, by how
-/// a name's bytes change between them.
+/// An encoding, as Postgres names it in `server_encoding` and `client_encoding`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
     /// `SQL_ASCII`: bytes kept as they are, one character each.
     SqlAscii,
     /// `UTF8`.
     Utf8,
-    /// One byte per character (the LATIN, ISO_8859, WIN and KOI8 families), by index
-    /// in [`SINGLE_BYTE`].
-    SingleByte(u8),
-    /// Another multibyte encoding, by index in [`MULTIBYTE`]; `u8::MAX` for a name
-    /// pgfence does not know.
-    Multibyte(u8),
+    /// Another, by index in [`OTHER`]; `u8::MAX` for a name pgfence does not know (two
+    /// such may differ).
+    Other(u8),
 }
 
-const SINGLE_BYTE: [&str; 27] = [
+/// The other encodings Postgres knows.
+const OTHER: [&str; 40] = [
     "LATIN1",
     "LATIN2",
     "LATIN3",
@@ -63,9 +60,6 @@ const SINGLE_BYTE: [&str; 27] = [
     "WIN874",
     "KOI8R",
     "KOI8U",
-];
-
-const MULTIBYTE: [&str; 13] = [
     "EUC_JP",
     "EUC_CN",
     "EUC_KR",
@@ -85,14 +79,15 @@ impl Encoding {
     /// The encoding Postgres reports by this name.
     pub fn named(name: &[u8]) -> Self {
         let name = name.to_ascii_uppercase();
-        let is = |n: &&str| n.as_bytes() == name.as_slice();
         match name.as_slice() {
             b"SQL_ASCII" => Self::SqlAscii,
             b"UTF8" | b"UNICODE" => Self::Utf8,
-            _ => match SINGLE_BYTE.iter().position(is) {
-                Some(i) => Self::SingleByte(i as u8),
-                None => Self::Multibyte(MULTIBYTE.iter().position(is).map_or(u8::MAX, |i| i as u8)),
-            },
+            _ => Self::Other(
+                OTHER
+                    .iter()
+                    .position(|n| n.as_bytes() == name.as_slice())
+                    .map_or(u8::MAX, |i| i as u8),
+            ),
         }
     }
 
@@ -100,7 +95,7 @@ impl Encoding {
     /// `client` is the client's encoding as last reported; `in_flight`: whether a request
     /// not yet answered may have changed it.
     fn keeps_bytes_of(self, client: Encoding, in_flight: impl FnOnce() -> bool) -> bool {
-        self == Self::SqlAscii || (self == client && self != Self::Multibyte(u8::MAX) && !in_flight())
+        self == Self::SqlAscii || (self == client && self != Self::Other(u8::MAX) && !in_flight())
     }
 }
 
@@ -142,7 +137,8 @@ fn bytes_key(bytes: &[u8]) -> Cow<'_, str> {
 /// does for a UTF8 client in a UTF8 database. Elsewhere Postgres writes an escape in the
 /// database's encoding and folds other letters by the database's locale.
 pub fn ident_uncertain(ident: &str, server: Encoding, client: Encoding, in_flight: bool) -> bool {
-    !ident.is_ascii() && !(server == Encoding::Utf8 && client == Encoding::Utf8 && !in_flight)
+    let utf8 = server == Encoding::Utf8 && client == Encoding::Utf8 && !in_flight;
+    !ident.is_ascii() && !utf8
 }
 
 #[cfg(test)]
@@ -155,10 +151,10 @@ mod tests {
     fn encodings_are_known_by_the_names_postgres_reports() {
         assert_eq!(Encoding::named(b"UTF8"), UTF8);
         assert_eq!(Encoding::named(b"sql_ascii"), Encoding::SqlAscii);
-        assert!(matches!(Encoding::named(b"WIN1252"), Encoding::SingleByte(_)));
+        assert_eq!(Encoding::named(b"win1252"), Encoding::named(b"WIN1252"));
         assert_ne!(Encoding::named(b"WIN1252"), Encoding::named(b"LATIN1"));
-        assert!(matches!(Encoding::named(b"EUC_JP"), Encoding::Multibyte(0)));
-        assert_eq!(Encoding::named(b"NEW_ONE"), Encoding::Multibyte(u8::MAX));
+        assert_ne!(Encoding::named(b"EUC_JP"), Encoding::named(b"NEW_ONE"));
+        assert_eq!(Encoding::named(b"NEW_ONE"), Encoding::Other(u8::MAX));
     }
 
     #[test]
