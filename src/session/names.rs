@@ -4,8 +4,9 @@
 //! prepared statements and portals by the first 63 bytes of that (a protocol name is
 //! cut at the 63rd byte; an SQL identifier at the last whole character before it).
 //! pgfence keys a name by the bytes Postgres keys it by, which it knows when they are
-//! the client's own: ASCII names, and every name while the database's encoding is the
-//! client's or `SQL_ASCII`. A key is then the same whatever `client_encoding` the
+//! the client's own: ASCII names, and every protocol name while the database's encoding
+//! is the client's or `SQL_ASCII` (an SQL name only for a UTF8 client in a UTF8 database,
+//! see [`ident_uncertain`]). A key is then the same whatever `client_encoding` the
 //! session had when it sent the name. Any other name with a non-ASCII byte is
 //! [`UNCERTAIN`]: whatever runs under it may write any fence, and a definition or Bind
 //! under it may have replaced any name that is not ASCII.

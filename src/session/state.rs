@@ -700,6 +700,11 @@ impl Shared {
         if let Some(Injected::Guard(fence, epoch)) = injected {
             self.guarded = Some((fence, epoch));
         }
+        if tag == b's' && injected.is_none() {
+            // A suspended portal may be a CALL that committed or rolled back inside: its
+            // tag, which says so (`on_command_tag`), is not coming yet.
+            self.guarded = None;
+        }
         if tag == b'C' {
             let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();
             self.on_command_tag(command, effect.as_ref());

@@ -186,3 +186,43 @@ async fn the_transaction_after_a_commit_inside_do_or_call_is_checked_again() {
         }
     }
 }
+
+/// The same with the CALL's portal suspended (Execute of one row, answered by
+/// PortalSuspended, not its tag), after a COMMIT sent with Flush so that no ReadyForQuery
+/// says the session left its block: the guard passed before the CALL holds nothing after it.
+#[tokio::test]
+async fn the_transaction_after_a_suspended_call_that_commits_is_checked_again() {
+    use crate::common::raw::{bind, codes, message, parse, sync};
+    let f = Fixture::new().await;
+    f.admin
+        .batch_execute("CREATE PROCEDURE tidy(INOUT x int) LANGUAGE plpgsql AS $$ BEGIN COMMIT; x := 1; END $$")
+        .await
+        .unwrap();
+    let flush = message(b'H', b"");
+    let run = |sql: &str, rows: u32| {
+        let execute = message(b'E', &[b"\0".as_slice(), &rows.to_be_bytes()].concat());
+        [parse("", sql), bind("", "", &[]), execute].concat()
+    };
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let e = f.takeover("a").await;
+        let mut s = f.raw(port, &e.to_string(), &[]).await;
+        s.simple("BEGIN").await;
+        s.send(&[run("COMMIT", 0), flush.clone()].concat()).await;
+        s.read_until(|m| m.tag == b'C').await;
+        s.send(&[run("UPDATE sweep_state SET note = 'a' WHERE id = 1", 0), flush.clone()].concat())
+            .await;
+        assert_eq!(codes(&s.read_until(|m| m.tag == b'C').await), Vec::<String>::new());
+        s.send(&[run("CALL tidy(NULL)", 1), flush.clone()].concat()).await;
+        s.read_until(|m| m.tag == b's').await;
+        takeover_while_open(&f).await;
+        s.send(&[run(WRITE, 0), sync()].concat()).await;
+        let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+        if port == f.proxy.port() {
+            assert_eq!(got, ["PF001"]);
+            assert_ne!(f.note().await.0, "stale");
+        } else {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(f.note().await.0, "stale");
+        }
+    }
+}
