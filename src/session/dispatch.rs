@@ -82,13 +82,11 @@ pub struct Dispatcher {
     pub(super) speculative: Declarations,
     /// Client statements that write rewrite-mode tables, by name.
     pub(super) rw_statements: HashMap<String, RwStatement>,
-    /// Portals bound from those: statement name and the epoch they carry.
-    pub(super) rw_portals: HashMap<String, (String, Option<Epoch>)>,
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
     /// An explicit transaction may be open: Postgres said so, or a `BEGIN`/`START` was sent
     /// since it last said otherwise. Only there does a portal outlive its batch's Sync.
-    maybe_in_block: bool,
+    pub(super) maybe_in_block: bool,
     /// Client statement names whose text (at their last Parse) opens a transaction block.
     begin_statements: std::collections::HashSet<String>,
     /// Syncs and Queries sent so far (batch numbers).
@@ -117,7 +115,6 @@ impl Dispatcher {
             fences,
             speculative: declared,
             rw_statements: HashMap::new(),
-            rw_portals: HashMap::new(),
             scs: true,
             maybe_in_block: false,
             begin_statements: std::collections::HashSet::new(),
@@ -135,10 +132,6 @@ impl Dispatcher {
         if shared.pending.is_empty() {
             self.maybe_in_block = shared.tx_status != b'I';
             self.speculative = shared.declared.clone();
-            if shared.tx_status == b'I' && !self.rw_portals.is_empty() {
-                // Portals end with their transaction.
-                self.rw_portals.clear();
-            }
         }
         self.scs = shared.reported.standard_conforming_strings;
     }
@@ -704,7 +697,7 @@ impl Dispatcher {
         let old = (!portal.is_empty())
             .then(|| shared.portals.get(portal).map(|e| e.analysis.clone()))
             .flatten();
-        self.bind_rewrite(shared, portal, statement, old.is_some(), out);
+        let rw = self.bind_rewrite(shared, statement, old.is_some(), out);
         let exact = (old.is_none() && self.exact_definition(shared, statement)).then_some(self.batch);
         let mut analysis = self.resolve(shared, statement, self.batch);
         if let Some(old) = old {
@@ -717,6 +710,7 @@ impl Dispatcher {
             sent: self.sent,
             exact,
             bind,
+            rw,
         };
         if portal == names::UNCERTAIN {
             self.poison_portals(shared);
@@ -747,7 +741,7 @@ impl Dispatcher {
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         shared.copy_data_early = false;
         shared.unsynced = true;
-        if let Some(decision) = self.execute_rewrite(portal) {
+        if let Some(decision) = self.execute_rewrite(shared, portal) {
             match decision {
                 Some(decision) => self.inject_extended(shared, decision, None, out),
                 None => self.batch_guard = None,
@@ -1110,9 +1104,9 @@ impl Dispatcher {
             if names::not_ascii(key) {
                 e.analysis = anything.clone();
                 e.exact = None;
+                e.rw = None;
             }
         }
-        self.rw_portals.retain(|k, _| !names::not_ascii(k));
     }
 
     /// Whether client statement `name` has no known definition, on a database with fences.

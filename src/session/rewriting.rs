@@ -66,6 +66,15 @@ pub(super) struct SimpleRewrite {
     pub rewrite: Option<(String, Redo)>,
 }
 
+/// What a portal bound from a rewrite statement runs: the statement and the epoch its text
+/// carried at the Bind (`None`: none sure). Kept with the portal (`PortalEntry::rw`), so a
+/// Bind Postgres refuses leaves the portal from before, as Postgres does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RwPortal {
+    pub(super) statement: String,
+    pub(super) bound: Option<Epoch>,
+}
+
 /// A client's prepared statement that writes a rewrite-mode table.
 #[derive(Debug, Clone)]
 pub(super) struct RwStatement {
@@ -339,29 +348,25 @@ impl Dispatcher {
 
     /// Bind: re-prepares the statement for the session's current epoch unless
     /// Postgres is sure to hold it for that epoch (appending to `out`), and
-    /// records the epoch the portal carries.
+    /// returns what the portal runs: the statement and the epoch it carries (`None` for
+    /// a portal that is not bound from a rewrite statement).
     ///
     /// `rebound`: Postgres may still hold a portal of this name, and then refuses this
     /// Bind (42P03) and keeps the old one: its Execute is refused (PF004).
     pub(super) fn bind_rewrite(
         &mut self,
         shared: &mut Shared,
-        portal: &str,
         statement: &str,
         rebound: bool,
         out: &mut BytesMut,
-    ) {
-        let Some(rw) = self.rw_statements.get(statement) else {
-            self.rw_portals.remove(portal);
-            return;
-        };
+    ) -> Option<RwPortal> {
+        let rw = self.rw_statements.get(statement)?;
         let upstream = self.upstream(shared, statement, rw);
         if upstream == Upstream::NotThis {
             // Reject mode's rules for a name: a rewrite write run by it is refused
             // (PF004) unless Postgres refuses the Bind first.
             self.rw_statements.remove(statement);
-            self.rw_portals.remove(portal);
-            return;
+            return None;
         }
         let plan = self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact);
         let mut bound = match upstream {
@@ -405,14 +410,21 @@ impl Dispatcher {
         if rebound {
             bound = None;
         }
-        self.rw_portals.insert(portal.to_owned(), (statement.to_owned(), bound));
+        Some(RwPortal {
+            statement: statement.to_owned(),
+            bound,
+        })
     }
 
     /// Execute of a portal bound from a rewrite statement: what must run
     /// before it (the lease guard or a rejection). `None` when the portal is
-    /// not one of those.
-    pub(super) fn execute_rewrite(&self, portal: &str) -> Option<Option<Decision>> {
-        let (statement, bound) = self.rw_portals.get(portal)?;
+    /// not one of those. Inside a transaction, while a Bind of the name from an earlier
+    /// batch is unanswered, Postgres may have refused it and kept the portal from before,
+    /// with another epoch or none: refused.
+    pub(super) fn execute_rewrite(&self, shared: &Shared, portal: &str) -> Option<Option<Decision>> {
+        let RwPortal { statement, bound } = shared.portals.get(portal)?.rw.as_ref()?;
+        let earlier = self.maybe_in_block && shared.held_before(portal, self.batch).next().is_some();
+        let bound = if earlier { &None } else { bound };
         let rw = self.rw_statements.get(statement)?;
         Some(match self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact) {
             Plan::NotRewrite => None,
@@ -425,12 +437,10 @@ impl Dispatcher {
         })
     }
 
-    /// Close of a client statement or portal.
+    /// Close of a client statement.
     pub(super) fn close_rewrite(&mut self, kind: u8, name: &str) {
         if kind == b'S' {
             self.rw_statements.remove(name);
-        } else {
-            self.rw_portals.remove(name);
         }
     }
 }

@@ -214,6 +214,8 @@ pub struct PortalEntry {
     pub exact: Option<u64>,
     /// The number of the Bind that made it ([`Shared::binds`]).
     pub bind: u64,
+    /// Bound from a rewrite statement: which, and the epoch its text carried.
+    pub rw: Option<super::rewriting::RwPortal>,
 }
 
 /// An unanswered client Bind of a portal: the dispatcher's batch it was sent in, and what

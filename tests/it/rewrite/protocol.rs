@@ -508,3 +508,56 @@ async fn a_message_of_more_statements_than_pgfence_rewrites_at_once_is_refused_w
     assert!(codes(&raw.simple("SELECT 1").await).is_empty());
     assert_eq!(count().await, 72);
 }
+
+/// A Bind Postgres refuses (a wrong parameter count) leaves the unnamed portal from before,
+/// which `ROLLBACK TO SAVEPOINT` keeps: here one bound while the session had no epoch, whose
+/// text went as written. Run after the session declared an epoch, it is refused (PF004),
+/// whether the refusal was answered before the Execute was sent or not, and the row a newer
+/// epoch wrote keeps its epoch. Control: straight to Postgres the client's own
+/// `last_epoch = 1` lands on it.
+#[tokio::test]
+async fn a_refused_bind_leaves_the_portal_from_before_with_its_epoch() {
+    let f = fixture(false).await;
+    let write = "UPDATE sweep_state SET note = 'stale', last_epoch = 1 WHERE id = 1";
+    let step = |name: &str, sql: &str| [parse(name, sql), bind(name, name, &[]), execute(name), sync()].concat();
+    let batches = [
+        [parse("w", write), bind("", "w", &[]), sync()].concat(),
+        step("set", "SET pgfence.epoch = 3"),
+        step("sp", "SAVEPOINT s"),
+        [bind("", "w", &["unexpected"]), sync()].concat(),
+        step("rb", "ROLLBACK TO SAVEPOINT s"),
+        [execute(""), sync()].concat(),
+    ];
+    for pipelined in [false, true] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            f.admin
+                .batch_execute("UPDATE sweep_state SET note = 'newer', last_epoch = 9 WHERE id = 1")
+                .await
+                .unwrap();
+            let params = [("user", "postgres"), ("database", f.db.as_str())];
+            let (mut s, _) = Raw::startup(port, &params).await;
+            s.simple("BEGIN").await;
+            let mut got = Vec::new();
+            if pipelined {
+                s.send(&batches.concat()).await;
+                for _ in &batches {
+                    got.push(outcomes(&s.read_until(|m| m.tag == b'Z').await));
+                }
+            } else {
+                for b in &batches {
+                    got.push(batch(&mut s, std::slice::from_ref(b)).await);
+                }
+            }
+            s.simple("COMMIT").await;
+            assert_eq!(got[3], ["E 08P01"], "{got:?}");
+            let last = got.last().cloned().unwrap_or_default();
+            if port == f.proxy.port() {
+                assert_eq!(last, ["E PF004"], "pipelined: {pipelined}");
+                assert_eq!(f.note().await, ("newer".to_owned(), 9));
+            } else {
+                assert_eq!(last, ["UPDATE 1"]);
+                assert_eq!(f.note().await, ("stale".to_owned(), 1));
+            }
+        }
+    }
+}
