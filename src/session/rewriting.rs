@@ -377,9 +377,16 @@ impl Dispatcher {
         // names; a re-prepare there would lose the statement (its Close works, its
         // Parse fails), so it waits for a later Bind.
         let aborted = shared.tx_status == b'E' && shared.pending.is_empty();
+        // The client's own Parse of the name, from an earlier batch, unanswered while the
+        // name may hold another statement: if Postgres refuses it (42P05) or skips it, the
+        // other runs. A re-prepare would put in a text Postgres did not accept; without
+        // one, the Execute is refused (`bound` stays unsure).
+        let client_parse_pending =
+            upstream == Upstream::Unknown && rw.last.by_client && shared.answered < rw.last.answered_at;
         if let Plan::Rewrite { fence, epoch, text } = plan
             && bound != Some(epoch)
             && !aborted
+            && !client_parse_pending
         {
             let (sql, positions) = splice(rw, &text, self.redo(fence, epoch));
             let positions = Arc::new(positions);

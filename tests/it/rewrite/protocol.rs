@@ -561,3 +561,43 @@ async fn a_refused_bind_leaves_the_portal_from_before_with_its_epoch() {
         }
     }
 }
+
+/// A Parse of a name Postgres still holds is refused (42P05), or skipped after an error in
+/// its batch, and a Bind of the name in a later batch, sent before that answer, runs the
+/// statement Postgres kept. pgfence does not put the client's new text in by a re-prepare
+/// (it would run a write Postgres never accepted): the Execute is refused (PF004), and
+/// the row stays as it was, as it does straight to Postgres, where the old SELECT runs.
+#[tokio::test]
+async fn a_parse_postgres_refuses_is_not_put_in_by_a_reprepare() {
+    let f = fixture(false).await;
+    let write = "UPDATE sweep_state SET note = 'never prepared' WHERE id = 1";
+    let refusals = [
+        [parse("w", write), sync()].concat(),
+        [
+            parse("", "SELECT 1/0"),
+            bind("", "", &[]),
+            execute(""),
+            parse("w", write),
+            sync(),
+        ]
+        .concat(),
+    ];
+    for refused in refusals {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            reset_row(&f).await;
+            let mut s = f.raw(port, "3", &[]).await;
+            assert!(batch(&mut s, &[parse("w", "SELECT 'old'"), sync()]).await.is_empty());
+            s.send(&[refused.clone(), bind("", "w", &[]), execute(""), sync()].concat())
+                .await;
+            let first = outcomes(&s.read_until(|m| m.tag == b'Z').await);
+            assert_eq!(first.len(), 1, "{first:?}");
+            let got = outcomes(&s.read_until(|m| m.tag == b'Z').await);
+            if port == f.proxy.port() {
+                assert_eq!(got, ["E PF004"]);
+            } else {
+                assert_eq!(got, ["SELECT 1"]);
+            }
+            assert_eq!(f.note().await, ("init".to_owned(), 1));
+        }
+    }
+}
