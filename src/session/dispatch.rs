@@ -82,6 +82,8 @@ pub struct Dispatcher {
     pub(super) speculative: Declarations,
     /// Client statements that write rewrite-mode tables, by name.
     pub(super) rw_statements: HashMap<String, RwStatement>,
+    /// The last `RwStatement::serial` given.
+    pub(super) rw_serial: u64,
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
     /// An explicit transaction may be open: Postgres said so, or a `BEGIN`/`START` was sent
@@ -123,6 +125,7 @@ impl Dispatcher {
             dealloc_until: 0,
             batch_guard: None,
             rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
+            rw_serial: 0,
         }
     }
 
@@ -693,8 +696,10 @@ impl Dispatcher {
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
         self.maybe_in_block |= !self.begin_statements.is_empty() && self.begin_statements.contains(statement);
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
-        // and keeps the old portal, so an Execute of the name may run either.
-        let old = (!portal.is_empty())
+        // and keeps the old portal, so an Execute of the name may run either. Not when
+        // this batch closes it first: that Close cannot fail, and if the batch is skipped
+        // so is this Bind.
+        let old = (!portal.is_empty() && !shared.closed_in_this_batch(portal))
             .then(|| shared.portals.get(portal).map(|e| e.analysis.clone()))
             .flatten();
         let rw = self.bind_rewrite(shared, statement, old.is_some(), out);

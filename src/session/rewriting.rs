@@ -72,6 +72,8 @@ pub(super) struct SimpleRewrite {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RwPortal {
     pub(super) statement: String,
+    /// The statement's `RwStatement::serial` at the Bind.
+    pub(super) serial: u64,
     pub(super) bound: Option<Epoch>,
 }
 
@@ -95,6 +97,9 @@ pub(super) struct RwStatement {
     pub(super) analysis: Arc<Analysis>,
     /// The last Parse of the name pgfence sent upstream: the client's or a re-prepare.
     pub(super) last: LastParse,
+    /// Numbers the client's Parses of rewrite statements: a portal bound from this one
+    /// runs its text, whatever the name holds later.
+    pub(super) serial: u64,
 }
 
 /// A Parse pgfence sent upstream for a rewrite statement.
@@ -285,7 +290,9 @@ impl Dispatcher {
         if !self.any_rewrite(fences) {
             return None;
         }
+        self.rw_serial += 1;
         let mut rw = RwStatement {
+            serial: self.rw_serial,
             wire: wire.to_vec(),
             full: sql.to_owned(),
             span: stmt.span.clone(),
@@ -419,6 +426,7 @@ impl Dispatcher {
         }
         Some(RwPortal {
             statement: statement.to_owned(),
+            serial: self.rw_statements.get(statement).map_or(0, |rw| rw.serial),
             bound,
         })
     }
@@ -429,10 +437,21 @@ impl Dispatcher {
     /// batch is unanswered, Postgres may have refused it and kept the portal from before,
     /// with another epoch or none: refused.
     pub(super) fn execute_rewrite(&self, shared: &Shared, portal: &str) -> Option<Option<Decision>> {
-        let RwPortal { statement, bound } = shared.portals.get(portal)?.rw.as_ref()?;
+        let RwPortal {
+            statement,
+            serial,
+            bound,
+        } = shared.portals.get(portal)?.rw.as_ref()?;
         let earlier = self.maybe_in_block && shared.held_before(portal, self.batch).next().is_some();
         let bound = if earlier { &None } else { bound };
-        let rw = self.rw_statements.get(statement)?;
+        // The portal runs the text bound into it; a statement closed or prepared again under
+        // the name since is not what it runs.
+        let Some(rw) = self.rw_statements.get(statement).filter(|rw| rw.serial == *serial) else {
+            return Some(Some(Decision::Reject(unanalysable(
+                "pgfence: the statement this portal was bound from was closed or prepared again since; refused".into(),
+                "Bind the statement again.",
+            ))));
+        };
         Some(match self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact) {
             Plan::NotRewrite => None,
             Plan::Reject(r) => Some(Decision::Reject(r)),

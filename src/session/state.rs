@@ -783,6 +783,15 @@ impl Shared {
         effect.apply_to(&mut self.declared);
     }
 
+    /// Whether a Close of portal `name` was sent since the last Sync or Query.
+    pub fn closed_in_this_batch(&self, name: &str) -> bool {
+        self.pending
+            .iter()
+            .rev()
+            .take_while(|u| !matches!(u, Unit::Sync { .. } | Unit::Query { .. }))
+            .any(|u| matches!(u, Unit::ClosePortal(n, _) if n == name))
+    }
+
     /// Whether a request sent and not yet answered may change `client_encoding` (or
     /// another reported setting): a Query, an Execute (also one still waiting for its
     /// Sync), a FunctionCall, or a Sync whose batch may hold one. Postgres reports a

@@ -2,7 +2,8 @@
 //! Bind, whenever they were prepared.
 
 use super::{fixture, update_note};
-use crate::common::raw::{Msg, Raw, bind, codes, execute, message, parse, query, sync, tags};
+use crate::common::pg::Cluster;
+use crate::common::raw::{Msg, Raw, bind, close_statement, codes, execute, message, parse, query, sync, tags};
 use crate::fencing::{Fixture, code};
 
 #[tokio::test]
@@ -599,5 +600,69 @@ async fn a_parse_postgres_refuses_is_not_put_in_by_a_reprepare() {
             }
             assert_eq!(f.note().await, ("init".to_owned(), 1));
         }
+    }
+}
+
+/// A portal runs the text bound into it, whatever its statement's name holds later. Bound
+/// from a write of fence `sweeper`'s table, then the statement closed, its name prepared
+/// again as a write of fence `other`'s table, and the session moved to `other`: the
+/// portal's Execute must not be planned by the name (it would run `sweeper`'s write under
+/// `other`'s check, where a session of `other` writing `sweeper`'s table gets PF002), so it
+/// is refused (PF004). Straight to Postgres the portal runs its UPDATE of `sweep_state`.
+#[tokio::test]
+async fn a_portal_whose_statement_was_prepared_again_is_refused() {
+    let rewrite = |name: &str, table: &str| {
+        format!(
+            "[[fence]]\nname = \"{name}\"\ntables = [\"public.{table}\"]\nmode = \"rewrite\"\nepoch_column = \"last_epoch\"\n"
+        )
+    };
+    let toml = rewrite("sweeper", "sweep_state") + &rewrite("other", "items");
+    let f = Fixture::with(Cluster::shared(), &toml).await;
+    f.admin
+        .batch_execute("CREATE TABLE items (id int PRIMARY KEY, note text, last_epoch bigint)")
+        .await
+        .unwrap();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "3", &[("pgfence.fence", "sweeper")]).await;
+        s.simple("BEGIN").await;
+        assert!(
+            batch(&mut s, &[parse("w", UPDATE_U), bind("p", "w", &["a"]), sync()])
+                .await
+                .is_empty()
+        );
+        let again = [
+            close_statement("w"),
+            parse("w", "UPDATE items SET note = 'x' WHERE id = 1"),
+            sync(),
+        ];
+        assert!(batch(&mut s, &again).await.is_empty());
+        s.simple("SET pgfence.fence = other").await;
+        let got = batch(&mut s, &[execute("p"), sync()]).await;
+        s.simple("ROLLBACK").await;
+        if port == f.proxy.port() {
+            assert_eq!(got, ["E PF004"]);
+        } else {
+            assert_eq!(got, ["UPDATE 1"]);
+        }
+    }
+}
+
+/// A named portal closed and bound again in one batch inside a transaction runs the new
+/// Bind: the Close comes first and cannot fail, so the old portal is gone (before, the
+/// Execute was refused as if Postgres might have kept it). As straight to Postgres.
+#[tokio::test]
+async fn a_portal_closed_and_bound_again_in_one_batch_runs() {
+    let f = fixture(false).await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        reset_row(&f).await;
+        let mut s = f.raw(port, "3", &[]).await;
+        s.simple("BEGIN").await;
+        let first = [parse("w", UPDATE_U), bind("p", "w", &["a"]), execute("p"), sync()];
+        assert_eq!(batch(&mut s, &first).await, ["UPDATE 1"]);
+        let close_portal = message(b'C', b"Pp\0");
+        let again = [close_portal, bind("p", "w", &["b"]), execute("p"), sync()];
+        assert_eq!(batch(&mut s, &again).await, ["UPDATE 1"], "{port}");
+        s.simple("COMMIT").await;
+        assert_eq!(f.note().await.0, "b");
     }
 }
