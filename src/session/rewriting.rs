@@ -455,9 +455,18 @@ impl Dispatcher {
         Some(match self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact) {
             Plan::NotRewrite => None,
             Plan::Reject(r) => Some(Decision::Reject(r)),
+            Plan::Rewrite { epoch, .. } if bound.is_some() && *bound != Some(epoch) => {
+                Some(Decision::Reject(unanalysable(
+                    format!("pgfence: the session's epoch changed to {epoch} after this portal was bound; refused"),
+                    "Bind the statement again after changing pgfence.epoch.",
+                )))
+            }
             Plan::Rewrite { epoch, .. } if *bound != Some(epoch) => Some(Decision::Reject(unanalysable(
-                format!("pgfence: the session's epoch changed to {epoch} after this portal was bound; refused"),
-                "Bind the statement again after changing pgfence.epoch.",
+                format!(
+                    "pgfence: this portal may run a text that carries another epoch than the session's ({epoch}), \
+                     or none; refused"
+                ),
+                "Bind the statement again once the answers to the requests before it have arrived.",
             ))),
             Plan::Rewrite { fence, epoch, .. } => Some(Decision::Guard { fence, epoch }),
         })
