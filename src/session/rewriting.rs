@@ -74,6 +74,8 @@ pub struct RwPortal {
     pub(super) statement: String,
     /// The statement's `RwStatement::serial` at the Bind.
     pub(super) serial: u64,
+    /// The fences the statement writes.
+    pub(super) fences: Vec<FenceId>,
     pub(super) bound: Option<Epoch>,
 }
 
@@ -195,10 +197,7 @@ impl Dispatcher {
             }
             self.rewrite_budget.set(budget - stmt_sql.len());
         }
-        let declared = Declared {
-            epoch: self.speculative.epoch.current().copied(),
-            fence_name: self.speculative.fence.current().map(String::as_str),
-        };
+        let declared = self.declared();
         // Whether it can be rewritten does not depend on the epoch: check it first.
         let probe = declared.epoch.unwrap_or(Epoch::MIN);
         if let Some(Err(u)) = self.fences.rewrite(first, stmt_sql, probe, self.scs) {
@@ -215,6 +214,29 @@ impl Dispatcher {
                 Some(Err(u)) => Plan::Reject(unanalysable(u.reason, u.hint)),
                 None => Plan::NotRewrite,
             },
+        }
+    }
+
+    /// What an Execute of a portal whose text writes `fences` needs now, when the text is no
+    /// longer at hand: the fence's guard for the session's epoch (the caller compares it
+    /// with the epoch the text was made for), or a rejection.
+    fn plan_bound(&self, fences: &[FenceId]) -> Plan {
+        let (names, applicable) = (&self.fences.names, &self.fences.applicable);
+        match policy::decide(Access::Write(fences), self.declared(), names, applicable) {
+            Decision::Reject(r) => Plan::Reject(r),
+            Decision::Guard { fence, epoch } => Plan::Rewrite {
+                fence,
+                epoch,
+                text: Arc::from(""),
+            },
+        }
+    }
+
+    /// The session's declarations as pgfence expects them when what is sent now runs.
+    fn declared(&self) -> Declared<'_> {
+        Declared {
+            epoch: self.speculative.epoch.current().copied(),
+            fence_name: self.speculative.fence.current().map(String::as_str),
         }
     }
 
@@ -424,9 +446,11 @@ impl Dispatcher {
         if rebound {
             bound = None;
         }
+        let rw = self.rw_statements.get(statement)?;
         Some(RwPortal {
             statement: statement.to_owned(),
-            serial: self.rw_statements.get(statement).map_or(0, |rw| rw.serial),
+            serial: rw.serial,
+            fences: rw.fences.clone(),
             bound,
         })
     }
@@ -440,19 +464,18 @@ impl Dispatcher {
         let RwPortal {
             statement,
             serial,
+            fences,
             bound,
         } = shared.portals.get(portal)?.rw.as_ref()?;
         let earlier = self.maybe_in_block && shared.held_before(portal, self.batch).next().is_some();
         let bound = if earlier { &None } else { bound };
-        // The portal runs the text bound into it; a statement closed or prepared again under
-        // the name since is not what it runs.
-        let Some(rw) = self.rw_statements.get(statement).filter(|rw| rw.serial == *serial) else {
-            return Some(Some(Decision::Reject(unanalysable(
-                "pgfence: the statement this portal was bound from was closed or prepared again since; refused".into(),
-                "Bind the statement again.",
-            ))));
+        // The portal runs the text bound into it, whatever the name holds since (a statement
+        // closed, or prepared again): its Execute is decided by the fences that text writes.
+        let plan = match self.rw_statements.get(statement).filter(|rw| rw.serial == *serial) {
+            Some(rw) => self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact),
+            None => self.plan_bound(fences),
         };
-        Some(match self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact) {
+        Some(match plan {
             Plan::NotRewrite => None,
             Plan::Reject(r) => Some(Decision::Reject(r)),
             Plan::Rewrite { epoch, .. } if bound.is_some() && *bound != Some(epoch) => {

@@ -606,9 +606,9 @@ async fn a_parse_postgres_refuses_is_not_put_in_by_a_reprepare() {
 /// A portal runs the text bound into it, whatever its statement's name holds later. Bound
 /// from a write of fence `sweeper`'s table, then the statement closed, its name prepared
 /// again as a write of fence `other`'s table, and the session moved to `other`: the
-/// portal's Execute must not be planned by the name (it would run `sweeper`'s write under
-/// `other`'s check, where a session of `other` writing `sweeper`'s table gets PF002), so it
-/// is refused (PF004). Straight to Postgres the portal runs its UPDATE of `sweep_state`.
+/// portal's Execute is decided by the fence its text writes, not by the name (which would
+/// run `sweeper`'s write under `other`'s check): PF002, as for any write of `sweeper`'s
+/// table from a session of `other`. Straight to Postgres the portal runs its UPDATE.
 #[tokio::test]
 async fn a_portal_whose_statement_was_prepared_again_is_refused() {
     let rewrite = |name: &str, table: &str| {
@@ -640,7 +640,7 @@ async fn a_portal_whose_statement_was_prepared_again_is_refused() {
         let got = batch(&mut s, &[execute("p"), sync()]).await;
         s.simple("ROLLBACK").await;
         if port == f.proxy.port() {
-            assert_eq!(got, ["E PF004"]);
+            assert_eq!(got, ["E PF002"]);
         } else {
             assert_eq!(got, ["UPDATE 1"]);
         }
@@ -664,5 +664,32 @@ async fn a_portal_closed_and_bound_again_in_one_batch_runs() {
         assert_eq!(batch(&mut s, &again).await, ["UPDATE 1"], "{port}");
         s.simple("COMMIT").await;
         assert_eq!(f.note().await.0, "b");
+    }
+}
+
+/// A cursor over `UPDATE … RETURNING` read a row at a time (pgjdbc with a fetch size) while
+/// another query reuses the unnamed statement it was bound from: the portal still hands out
+/// the rows its write made, for the epoch it was bound with, as straight to Postgres (before,
+/// its next fetch was refused).
+#[tokio::test]
+async fn a_cursor_over_a_rewrite_outlives_its_unnamed_statement() {
+    let f = fixture(false).await;
+    f.admin
+        .batch_execute("INSERT INTO sweep_state VALUES (2, 'two', 1), (3, 'three', 1)")
+        .await
+        .unwrap();
+    let one_row = message(b'E', b"c\0\0\0\0\x01");
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id IN (1, 2, 3) RETURNING id";
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "3", &[]).await;
+        s.simple("BEGIN").await;
+        let first = [parse("", write), bind("c", "", &[]), one_row.clone(), sync()];
+        s.send(&first.concat()).await;
+        assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "12DsZ", "{port}");
+        let other = [parse("", "SELECT 42"), bind("", "", &[]), execute(""), sync()];
+        assert_eq!(batch(&mut s, &other).await, ["SELECT 1"]);
+        s.send(&[one_row.clone(), sync()].concat()).await;
+        assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "DsZ", "{port}");
+        s.simple("ROLLBACK").await;
     }
 }
