@@ -217,21 +217,6 @@ impl Dispatcher {
         }
     }
 
-    /// What an Execute of a portal whose text writes `fences` needs now, when the text is no
-    /// longer at hand: the fence's guard for the session's epoch (the caller compares it
-    /// with the epoch the text was made for), or a rejection.
-    fn plan_bound(&self, fences: &[FenceId]) -> Plan {
-        let (names, applicable) = (&self.fences.names, &self.fences.applicable);
-        match policy::decide(Access::Write(fences), self.declared(), names, applicable) {
-            Decision::Reject(r) => Plan::Reject(r),
-            Decision::Guard { fence, epoch } => Plan::Rewrite {
-                fence,
-                epoch,
-                text: Arc::from(""),
-            },
-        }
-    }
-
     /// The session's declarations as pgfence expects them when what is sent now runs.
     fn declared(&self) -> Declared<'_> {
         Declared {
@@ -471,28 +456,33 @@ impl Dispatcher {
         let bound = if earlier { &None } else { bound };
         // The portal runs the text bound into it, whatever the name holds since (a statement
         // closed, or prepared again): its Execute is decided by the fences that text writes.
-        let plan = match self.rw_statements.get(statement).filter(|rw| rw.serial == *serial) {
-            Some(rw) => self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact),
-            None => self.plan_bound(fences),
+        let decided = match self.rw_statements.get(statement).filter(|rw| rw.serial == *serial) {
+            Some(rw) => match self.plan(&rw.fences, &rw.full[rw.span.clone()], rw.exact) {
+                Plan::NotRewrite => return Some(None),
+                Plan::Reject(r) => Decision::Reject(r),
+                Plan::Rewrite { fence, epoch, .. } => Decision::Guard { fence, epoch },
+            },
+            None => {
+                let (names, applicable) = (&self.fences.names, &self.fences.applicable);
+                policy::decide(Access::Write(fences), self.declared(), names, applicable)
+            }
         };
-        Some(match plan {
-            Plan::NotRewrite => None,
-            Plan::Reject(r) => Some(Decision::Reject(r)),
-            Plan::Rewrite { epoch, .. } if bound.is_some() && *bound != Some(epoch) => {
-                Some(Decision::Reject(unanalysable(
+        Some(Some(match decided {
+            Decision::Guard { epoch, .. } if bound.is_some() && *bound != Some(epoch) => {
+                Decision::Reject(unanalysable(
                     format!("pgfence: the session's epoch changed to {epoch} after this portal was bound; refused"),
                     "Bind the statement again after changing pgfence.epoch.",
-                )))
+                ))
             }
-            Plan::Rewrite { epoch, .. } if *bound != Some(epoch) => Some(Decision::Reject(unanalysable(
+            Decision::Guard { epoch, .. } if *bound != Some(epoch) => Decision::Reject(unanalysable(
                 format!(
                     "pgfence: this portal may run a text that carries another epoch than the session's ({epoch}), \
                      or none; refused"
                 ),
                 "Bind the statement again once the answers to the requests before it have arrived.",
-            ))),
-            Plan::Rewrite { fence, epoch, .. } => Some(Decision::Guard { fence, epoch }),
-        })
+            )),
+            decided => decided,
+        }))
     }
 
     /// Close of a client statement.
