@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -48,6 +48,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 4,
         name: "0004_current_epoch",
         sql: include_str!("sql/0004_current_epoch.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "0005_hwm_changes",
+        sql: include_str!("sql/0005_hwm_changes.sql"),
     },
 ];
 

@@ -55,6 +55,13 @@
 //!    guard records `<epoch> <fence>` in the transactional session setting
 //!    `pgfence.guard_passed`, so the marker never outlives a rolled-back bump, and the
 //!    short path falls through to `guard_full` if it still finds the HWM below the epoch.
+//! 7. The count (`0005_hwm_changes.sql`): without a lease, the short path skips even its
+//!    read of the fence row while no fence row changed since this session read HWM = epoch.
+//!    Every change to a fence's HWM takes the fence's lock exclusive and then draws from the
+//!    sequence `pgfence.hwm_changes` (trigger `pgfence_fence_changed`, and the full guard's
+//!    bump itself), before it commits; the short path reads the sequence after taking the
+//!    lock shared, and keeps the value it read before its last read of the row in
+//!    `pgfence.guard_checked`. An unchanged value means no change began since that read.
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

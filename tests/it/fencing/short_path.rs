@@ -174,6 +174,90 @@ async fn the_steady_state_skips_the_full_guard() {
     );
 }
 
+/// How many times the fence row was read in the current transaction (by either guard).
+async fn fence_reads(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT (coalesce(seq_scan, 0) + coalesce(idx_scan, 0))::bigint \
+               FROM pg_stat_xact_user_tables WHERE schemaname = 'pgfence' AND relname = 'fence'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Version 5: once a session has read HWM = epoch, the short path stops reading the row
+/// until some fence row changes; every way of changing it is noticed.
+#[tokio::test]
+async fn the_short_path_reads_the_fence_row_again_only_after_it_changed() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let direct = f.direct().await;
+    let guard = |epoch: i64| format!("SELECT pgfence.guard('sweeper', {epoch}, NULL, true)");
+    direct.batch_execute(&guard(5)).await.unwrap(); // the bump: full guard
+    direct.batch_execute("BEGIN").await.unwrap();
+    direct.batch_execute(&guard(5)).await.unwrap(); // short path: reads the row once ...
+    let first = fence_reads(&direct).await;
+    assert!(first >= 1, "the short path read the row ({first})");
+    for _ in 0..3 {
+        direct.batch_execute(&guard(5)).await.unwrap(); // ... and then no more
+    }
+    assert_eq!(fence_reads(&direct).await, first, "steady state reads nothing");
+    direct.batch_execute("COMMIT").await.unwrap();
+
+    // A hand-made change, another session's bump, and a bump made with triggers off (which the
+    // full guard counts itself): after each, the session that skipped the read is refused.
+    let bumps = [
+        "UPDATE pgfence.fence SET hwm = 6 WHERE name = 'sweeper'",
+        "SELECT pgfence.guard('sweeper', 7, NULL, true)",
+        "SET session_replication_role = replica; SELECT pgfence.guard('sweeper', 8, NULL, true); \
+         RESET session_replication_role",
+    ];
+    let mut epoch = 5;
+    for bump in bumps {
+        let leader = f.leader(epoch).await;
+        leader.execute(WRITE, &[]).await.unwrap(); // reads HWM = epoch, records the count
+        leader.execute(WRITE, &[]).await.unwrap(); // steady state
+        f.admin.batch_execute(bump).await.unwrap();
+        assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF001", "after {bump}");
+        epoch = f.hwm().await;
+    }
+    assert_eq!(epoch, 8);
+    // A rolled-back bump is counted too: the next call reads again and still passes.
+    let leader = f.leader(8).await;
+    leader.execute(WRITE, &[]).await.unwrap();
+    f.admin
+        .batch_execute("BEGIN; UPDATE pgfence.fence SET hwm = 20 WHERE name = 'sweeper'; ROLLBACK")
+        .await
+        .unwrap();
+    leader.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(f.hwm().await, 8);
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// A writer that passed the short path holds its lock until it commits: a hand-made change
+/// waits for it, and the writers after the change see it.
+#[tokio::test]
+async fn a_hand_made_change_waits_for_writers_past_the_short_path() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let leader = f.leader(3).await;
+    leader.execute(WRITE, &[]).await.unwrap();
+    leader.execute(WRITE, &[]).await.unwrap();
+    leader.batch_execute(&format!("BEGIN; {WRITE}")).await.unwrap();
+    let admin = f.direct().await;
+    let change = tokio::spawn(async move {
+        admin
+            .batch_execute("UPDATE pgfence.fence SET hwm = 4 WHERE name = 'sweeper'")
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!change.is_finished(), "the change waits for the writer past the guard");
+    leader.batch_execute("COMMIT").await.unwrap();
+    change.await.unwrap().unwrap();
+    assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF001");
+}
+
 /// An application role needs no grant on the `pgfence` schema beyond what `init` gives
 /// everyone: both guards run with the installer's rights, on the short path and off it.
 #[tokio::test]
