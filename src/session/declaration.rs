@@ -16,11 +16,12 @@ pub fn effect(d: &Declaration, defined: u64) -> Result<Effect, Rejection> {
         Declaration::ResetAll => Ok(Effect::ResetAll),
         Declaration::DiscardAll => Ok(Effect::DiscardAll(defined)),
         Declaration::Malformed { setting, reason } => Err(invalid(*setting, reason)),
+        Declaration::FromCurrent { setting, scope } => Ok(match setting {
+            Setting::Epoch => Effect::EpochFromCurrent(scope_of(*scope)),
+            Setting::Fence => Effect::FenceFromCurrent(scope_of(*scope)),
+        }),
         Declaration::Set { setting, scope, value } => {
-            let scope = match scope {
-                declare::Scope::Session => Scope::Session,
-                declare::Scope::Local => Scope::Local,
-            };
+            let scope = scope_of(*scope);
             match setting {
                 Setting::Epoch => match value {
                     None => Ok(Effect::Epoch(scope, None)),
@@ -32,6 +33,13 @@ pub fn effect(d: &Declaration, defined: u64) -> Result<Effect, Rejection> {
                 Setting::Fence => Ok(Effect::Fence(scope, value.clone())),
             }
         }
+    }
+}
+
+fn scope_of(scope: declare::Scope) -> Scope {
+    match scope {
+        declare::Scope::Session => Scope::Session,
+        declare::Scope::Local => Scope::Local,
     }
 }
 
@@ -55,6 +63,19 @@ mod tests {
 
     fn run(sql: &str) -> Result<Effect, Rejection> {
         effect(&declare::parse(sql, Lexing::default()).expect("a declaration"), 3)
+    }
+
+    #[test]
+    fn from_current_keeps_the_scope() {
+        assert_eq!(
+            run("SET pgfence.epoch FROM CURRENT"),
+            Ok(Effect::EpochFromCurrent(Scope::Session))
+        );
+        assert_eq!(
+            run("set local pgfence.fence from current"),
+            Ok(Effect::FenceFromCurrent(Scope::Local))
+        );
+        assert!(run("SET pgfence.epoch FROM CURRENT, 5").is_err());
     }
 
     #[test]

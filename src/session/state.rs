@@ -134,6 +134,10 @@ pub enum Effect {
     Epoch(Scope, Option<Epoch>),
     /// `SET [LOCAL] pgfence.fence` (None = RESET).
     Fence(Scope, Option<String>),
+    /// `SET [LOCAL] pgfence.epoch FROM CURRENT`.
+    EpochFromCurrent(Scope),
+    /// `SET [LOCAL] pgfence.fence FROM CURRENT`.
+    FenceFromCurrent(Scope),
     /// `RESET ALL`.
     ResetAll,
     /// `DISCARD ALL`: `RESET ALL`, and the client's statement definitions numbered up to
@@ -186,6 +190,14 @@ impl Effect {
         match self {
             Effect::Epoch(scope, v) => declared.epoch.set(scope, v),
             Effect::Fence(scope, v) => declared.fence.set(scope, v),
+            Effect::EpochFromCurrent(scope) => {
+                let v = declared.epoch.current().cloned();
+                declared.epoch.set(scope, v);
+            }
+            Effect::FenceFromCurrent(scope) => {
+                let v = declared.fence.current().cloned();
+                declared.fence.set(scope, v);
+            }
             Effect::ResetAll | Effect::DiscardAll(_) => declared.reset_all(),
             Effect::Savepoint(op) => declared.savepoint(&op),
             Effect::Prepared(_) | Effect::Deallocated(_) | Effect::DeallocatedAll(_) => {}

@@ -48,13 +48,21 @@ pub enum Declaration {
         /// for DEFAULT / RESET. Not validated here.
         value: Option<String>,
     },
+    /// `SET … FROM CURRENT`: the setting, in the given scope, to the value in force
+    /// when it runs (as Postgres does; a no-op but for the scope it lands in).
+    FromCurrent {
+        /// The setting changed.
+        setting: Setting,
+        /// Session or transaction-local.
+        scope: Scope,
+    },
     /// `RESET ALL`: every setting back to its connection-time value.
     ResetAll,
     /// `DISCARD ALL`: like `RESET ALL`, and also deallocates every prepared
     /// statement and closes cursors.
     DiscardAll,
     /// A `SET`/`RESET` of a pgfence setting in a form pgfence does not accept
-    /// (`SET pgfence.epoch = 1, 2`, `… FROM CURRENT`, a value needing escape
+    /// (`SET pgfence.epoch = 1, 2`, `SET pgfence.epoch`, a value needing escape
     /// processing): the caller should refuse it rather than guess.
     Malformed {
         /// The setting the statement names.
@@ -102,6 +110,12 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
     };
     let (setting, next) = setting_name(stmt, &toks, at)?;
     let malformed = |reason| Some(Declaration::Malformed { setting, reason });
+    if word(next, "from") && word(next + 1, "current") {
+        if next + 2 != toks.len() {
+            return malformed("unexpected text after FROM CURRENT");
+        }
+        return Some(Declaration::FromCurrent { setting, scope });
+    }
     if !(toks.get(next).is_some_and(|t| t.is_punct(b'=')) || word(next, "to")) {
         return malformed("expected `=` or `TO` after the setting name");
     }
@@ -302,7 +316,8 @@ mod tests {
             "SET pgfence.epoch = 1, 2",
             "SET pgfence.epoch",
             "SET pgfence.epoch =",
-            "SET pgfence.epoch FROM CURRENT",
+            "SET pgfence.epoch FROM CURRENT 5",
+            "SET pgfence.epoch FROM",
             "SET pgfence.epoch = E'\\x35'",
             "SET pgfence.epoch = U&'5'",
             "SET pgfence.epoch = 'open",

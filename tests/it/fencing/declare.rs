@@ -143,6 +143,35 @@ async fn set_local_lasts_until_the_transaction_ends() {
     s.execute(WRITE, &[]).await.unwrap();
 }
 
+/// `SET … FROM CURRENT` sets the value in force, in the scope it names, as in Postgres: a
+/// session SET of a `SET LOCAL` value keeps it after COMMIT.
+#[tokio::test]
+async fn set_from_current_keeps_the_value_in_force() {
+    let f = Fixture::at_epoch_two().await;
+    let s = f.session("-c pgfence.epoch=1").await;
+    s.batch_execute("SET pgfence.epoch FROM CURRENT").await.unwrap();
+    assert_eq!(shown_epoch(&s).await, "1");
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+    s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 2; SET pgfence.epoch FROM CURRENT; COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(shown_epoch(&s).await, "2", "the LOCAL value became the session's");
+    s.execute(WRITE, &[]).await.unwrap();
+    // SET LOCAL … FROM CURRENT ends with its transaction.
+    s.batch_execute("BEGIN; SET pgfence.epoch = 1; SET LOCAL pgfence.epoch FROM CURRENT; ROLLBACK")
+        .await
+        .unwrap();
+    assert_eq!(shown_epoch(&s).await, "2");
+    s.execute(WRITE, &[]).await.unwrap();
+    // Nothing declared: Postgres knows no such setting, and says so.
+    let none = f.session("").await;
+    assert_eq!(
+        code(&none.batch_execute("SET pgfence.epoch FROM CURRENT").await),
+        "42704"
+    );
+    assert_eq!(code(&none.execute(WRITE, &[]).await), "PF002");
+}
+
 #[tokio::test]
 async fn session_set_in_a_rolled_back_transaction_is_undone() {
     let f = Fixture::at_epoch_two().await;
