@@ -203,8 +203,27 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let c = load(Some(&config), None, None)?;
             // Syntax alone lets `1.2.3.4.5:6432` through; `serve` would fail to bind it.
-            if let Err(e) = tokio::net::lookup_host(&c.listen).await {
-                anyhow::bail!("listen = {:?}: cannot resolve the address: {e}", c.listen);
+            let addrs: Vec<_> = match tokio::net::lookup_host(&c.listen).await {
+                Ok(addrs) => addrs.collect(),
+                Err(e) => anyhow::bail!("listen = {:?}: cannot resolve the address: {e}", c.listen),
+            };
+            // Nor an address of another host. The port itself may be taken only while another
+            // process runs (an older pgfence during an upgrade): that stays `serve`'s to say,
+            // so the check binds the address on a port of the system's choosing.
+            let mut last = None;
+            let local = addrs.iter().any(|a| match std::net::TcpListener::bind((a.ip(), 0)) {
+                Ok(_) => true,
+                Err(e) => {
+                    last = Some(e);
+                    false
+                }
+            });
+            if !local {
+                let why = last.map_or_else(|| "it resolves to no address".to_owned(), |e| e.to_string());
+                anyhow::bail!(
+                    "listen = {:?}: pgfence cannot listen there on this host: {why}",
+                    c.listen
+                );
             }
             // The upstream may resolve only where pgfence runs: said, not refused.
             if let Err(e) = tokio::net::lookup_host(&c.upstream).await {

@@ -65,6 +65,8 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
         ),
         ("upstream = 5432\n", "upstream"),
         ("listen = \"1.2.3.4.5:6432\"\n", "cannot resolve the address"),
+        // TEST-NET-1: valid, but no address of this host.
+        ("listen = \"192.0.2.1:6432\"\n", "cannot listen there on this host"),
         (
             "[[fence]]\nname = \"a\"\ntables = [\"t\", \"leader_lease\"]\n[fence.lease]\ntable = \"leader_lease\"\n",
             "lease table public.leader_lease is also a fenced table",
@@ -86,6 +88,13 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
         text.contains("WARN") && text.contains("epoch_column is read only with mode"),
         "{text}"
     );
+    // A port another process holds is `serve`'s to report (it may be an older pgfence that
+    // is about to stop).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let busy = write_config(&format!("listen = \"127.0.0.1:{port}\"\n"));
+    let (ok, text) = pgfence(&["check-config", "--config", &busy]);
+    assert!(ok, "{text}");
     // The upstream may resolve only where pgfence runs: a warning, not a refusal.
     let elsewhere = write_config("upstream = \"db.invalid:5432\"\n");
     let (ok, text) = pgfence(&["check-config", "--config", &elsewhere]);
