@@ -25,12 +25,22 @@
 -- * The count goes with pgfence.guard_passed ("<epoch> <fence>"): every time the full guard
 --   lets a write through and sets that marker, the count is cleared, so a recorded count
 --   always speaks of the epoch and fence in the marker beside it.
+-- * Only a committed HWM is recorded. A transaction that changed a fence row itself sees its
+--   own change before it commits, and may still lose it without any count (ROLLBACK PREPARED
+--   after PREPARE TRANSACTION, which keeps the session's settings as a commit would): every
+--   change marks its transaction (pgfence.guard_wrote, set LOCAL, gone at its end and with a
+--   rolled-back savepoint), and no count is recorded in a marked transaction.
 --
 -- Like pgfence.guard_passed, the setting is the session's own: a session that sets both by
 -- hand can skip the read, which is the case of a client that wants to write (fencing is not
 -- access control; docs/FENCING.md). A change made with the triggers disabled (superuser,
 -- session_replication_role = replica) is not counted: the full guard's own bump counts
--- explicitly for that reason.
+-- explicitly for that reason. The sequence is pgfence's: with a CACHE above 1 a backend's
+-- numbers do not reach the others, and a RESTART repeats them; it must stay as made here.
+--
+-- A hand-made change of a fence row locks the row before the trigger waits for the fence's
+-- lock, where a takeover takes the lock first and then the row: racing one, it may end in
+-- a deadlock that Postgres breaks by failing one of them (40P01, retry).
 
 CREATE SEQUENCE pgfence.hwm_changes AS bigint NO CYCLE;
 COMMENT ON SEQUENCE pgfence.hwm_changes IS
@@ -57,6 +67,8 @@ BEGIN
     -- TRUNCATE takes no fence lock: a fence without a row has HWM 0, and a write passing at
     -- the old HWM meanwhile is above that.
     PERFORM nextval('pgfence.hwm_changes');
+    -- This transaction now sees a HWM it may yet lose: the short path records no count in it.
+    PERFORM set_config('pgfence.guard_wrote', 'on', true);
     RETURN NULL;
 END
 $$;
@@ -183,9 +195,10 @@ BEGIN
         -- Only on the bump path: a HWM never goes down, so the shared path re-reads a HWM
         -- at least as high as the one that chose it.
         UPDATE pgfence.fence SET hwm = p_epoch WHERE name = p_fence;
-        -- Counted here too (the trigger counts it as well): a bump must be counted even in a
-        -- session whose triggers do not fire.
+        -- Counted and marked here too (the trigger does both as well): a bump must be, even
+        -- in a session whose triggers do not fire.
         PERFORM nextval('pgfence.hwm_changes');
+        PERFORM set_config('pgfence.guard_wrote', 'on', true);
     END IF;
 END
 $$;
@@ -235,7 +248,9 @@ BEGIN
             END IF;
             SELECT f.hwm INTO v_hwm FROM pgfence.fence f WHERE f.name OPERATOR(pg_catalog.=) p_fence;
             IF p_epoch OPERATOR(pg_catalog.=) v_hwm THEN
-                IF v_count IS NOT NULL THEN
+                -- Not a HWM this transaction wrote itself: it may never commit.
+                IF v_count IS NOT NULL AND (pg_catalog.current_setting('pgfence.guard_wrote', true)
+                                            OPERATOR(pg_catalog.=) 'on') IS NOT TRUE THEN
                     PERFORM pg_catalog.set_config('pgfence.guard_checked', v_count::pg_catalog.text, false);
                 END IF;
                 RETURN;
