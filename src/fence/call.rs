@@ -68,6 +68,21 @@ pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm
     sql
 }
 
+/// SQL `PREPARE` of [`GUARD_SQL`] under `name` (an unquoted lower-case identifier), for the
+/// simple protocol, without a trailing semicolon. Prepared statements outlive a rolled-back
+/// transaction, so one PREPARE serves the session.
+pub fn guard_prepare(name: &str) -> String {
+    format!("PREPARE {name} (pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool) AS {GUARD_SQL}")
+}
+
+/// [`guard_call`] as an SQL `EXECUTE` of the statement [`guard_prepare`] made: Postgres
+/// then neither parses nor plans the guard call in each transaction.
+pub fn guard_execute(name: &str, fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> String {
+    let call = guard_call(fence, epoch, lease_table, keep_hwm);
+    let args = call.strip_prefix("SELECT pgfence.guard").unwrap_or(&call);
+    format!("EXECUTE {name}{args}")
+}
+
 /// The text-format parameters of [`GUARD_SQL`], in order (`None` is SQL NULL).
 pub fn guard_params(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> [Option<String>; 4] {
     [
@@ -176,6 +191,20 @@ mod tests {
         assert_eq!(
             guard_call("o'neil", Epoch::MAX, None, false),
             "SELECT pgfence.guard('o''neil', 9223372036854775807, NULL, false)"
+        );
+    }
+
+    #[test]
+    fn guard_prepared_and_executed_for_the_simple_protocol() {
+        let e = Epoch::parse("7").unwrap();
+        assert_eq!(
+            guard_prepare("pgfence_guard_v1_ab"),
+            "PREPARE pgfence_guard_v1_ab (pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool) \
+             AS SELECT pgfence.guard($1, $2, $3, $4)"
+        );
+        assert_eq!(
+            guard_execute("pgfence_guard_v1_ab", "o'neil", e, Some("public.leader_lease"), true),
+            "EXECUTE pgfence_guard_v1_ab('o''neil', 7, 'public.leader_lease', true)"
         );
     }
 

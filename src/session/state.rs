@@ -117,13 +117,21 @@ pub enum Prepared {
     /// Not prepared (or lost to DISCARD/DEALLOCATE ALL).
     #[default]
     No,
-    /// A Parse is in flight in the batch with this Sync number.
+    /// A Parse is in flight in the batch with this Sync number ([`Prepared::BY_QUERY`]: an
+    /// SQL `PREPARE` in a simple Query).
     InFlight(u64),
     /// Prepared.
     Yes,
     /// May or may not be there: the client closed that name, or preparing it found
     /// the name taken. A Close before the next Parse settles it.
     Unknown,
+}
+
+impl Prepared {
+    /// Spliced into a simple Query as SQL `PREPARE`, not yet answered. No batch has this
+    /// number, so the extended protocol never takes the statement for made (the Query may
+    /// fail while the extended messages after it run): it closes and prepares it anew.
+    pub const BY_QUERY: Prepared = Prepared::InFlight(u64::MAX);
 }
 
 /// A change to apply when Postgres confirms the statement: to the declarations, or to
@@ -539,6 +547,16 @@ impl Shared {
                     }
                     b'E' => {
                         self.tx_error = true;
+                        // A failed PREPARE of pgfence's guard speaks for the guard after it
+                        // (PF005 names its fence and epoch).
+                        let injected = match injected {
+                            Some(Injected::Prepare(_)) => parts
+                                .get(*done + 1)
+                                .and_then(|p| p.injected)
+                                .filter(|i| matches!(i, Injected::Guard(..)))
+                                .or(injected),
+                            other => other,
+                        };
                         // The rest of the string is not executed: its `PREPARE`s, this one's
                         // included, define nothing. (`parts` is empty when no statement has
                         // an effect, while `done` still counts the completed ones.)
@@ -550,10 +568,26 @@ impl Shared {
                                 _ => None,
                             })
                             .collect();
+                        let own: Vec<(OwnStatement, Prepared)> = parts
+                            .iter()
+                            .enumerate()
+                            .skip(*done)
+                            .filter_map(|(i, p)| match p.injected {
+                                // Refused for a name the client took: it may be anything.
+                                Some(Injected::Prepare(s)) if i == *done && name_taken(body) => {
+                                    Some((s, Prepared::Unknown))
+                                }
+                                Some(Injected::Prepare(s)) => Some((s, Prepared::No)),
+                                _ => None,
+                            })
+                            .collect();
                         *done = parts.len();
                         let positions = positions.take();
                         for d in &unmade {
                             self.forget_failed(d);
+                        }
+                        for (s, state) in own {
+                            self.settle_query_prepare(s, state);
                         }
                         let verdict = self.error_verdict(injected, body);
                         self.with_client_position(verdict, positions, body)
@@ -713,6 +747,9 @@ impl Shared {
     ) -> Verdict {
         if let Some(Injected::Guard(fence, epoch)) = injected {
             self.guarded = Some((fence, epoch));
+        }
+        if let Some(Injected::Prepare(own)) = injected {
+            self.settle_query_prepare(own, Prepared::Yes);
         }
         if tag == b's' && injected.is_none() {
             // A suspended portal may be a CALL that committed or rolled back inside: its
@@ -1039,6 +1076,15 @@ impl Shared {
         }
     }
 
+    /// The answer to an SQL `PREPARE` of pgfence's own statement spliced into a simple
+    /// Query; ignored once something else (a Close and Parse, DISCARD ALL) took over the
+    /// name's state since.
+    fn settle_query_prepare(&mut self, own: OwnStatement, state: Prepared) {
+        if self.own.get(&own) == Some(&Prepared::BY_QUERY) {
+            self.own.insert(own, state);
+        }
+    }
+
     /// Units Postgres skipped after an error get no reply. Called for every server
     /// message, and for every client message sent while Postgres is skipping: until a
     /// Sync reaches it, what the client sends gets no reply, and units for it would
@@ -1059,7 +1105,15 @@ impl Shared {
                     Some(Unit::Parse(_, Some(d), _)) => self.forget_failed(&d),
                     // Counted as sent when dispatched, as a Sync is: answered now, as it
                     // never will be.
-                    Some(Unit::Query { .. } | Unit::FunctionCall) => self.answered += 1,
+                    Some(Unit::Query { parts, .. }) => {
+                        self.answered += 1;
+                        for p in &parts {
+                            if let Some(Injected::Prepare(s)) = p.injected {
+                                self.settle_query_prepare(s, Prepared::No);
+                            }
+                        }
+                    }
+                    Some(Unit::FunctionCall) => self.answered += 1,
                     Some(Unit::Bind(_, _, Some(r))) => {
                         self.bind_answered(&r.portal);
                         self.unbind(*r);

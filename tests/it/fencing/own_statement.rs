@@ -157,3 +157,65 @@ async fn a_client_name_without_the_tag_does_not_collide() {
     // Control.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
+
+/// How often the session ran pgfence's guard statement (any way it was prepared).
+async fn guard_runs(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_opt(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE name = $1",
+            &[&guard()],
+        )
+        .await
+        .unwrap()
+        .map_or(0, |r| r.get(0))
+}
+
+/// The simple protocol runs the guard as `EXECUTE` of the same statement, prepared by an SQL
+/// `PREPARE` in the first Query that needs it, so Postgres does not parse and plan the guard
+/// call in every transaction. Whatever drops the statement, or keeps it from being made, the
+/// next write prepares it again (or spells the call out) and stays guarded.
+#[tokio::test]
+async fn the_simple_protocol_executes_the_prepared_guard() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let five = f.leader(5).await;
+    for _ in 0..3 {
+        five.batch_execute(WRITE).await.unwrap();
+    }
+    assert_eq!(guard_runs(&five).await, 3, "one PREPARE, three EXECUTEs");
+    assert!(!has_guard(&five).await, "prepared by SQL, not by a Parse");
+    // The extended protocol uses the same statement.
+    five.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(guard_runs(&five).await, 4);
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    let by_name = format!("DEALLOCATE {}", guard());
+    for drop in [by_name.as_str(), "DEALLOCATE ALL", "DISCARD ALL"] {
+        five.batch_execute(drop).await.unwrap();
+        assert_eq!(guard_runs(&five).await, 0, "{drop}");
+        assert_eq!(code(&five.batch_execute(WRITE).await), "PF001", "{drop}");
+        assert_eq!(guard_runs(&five).await, 1, "prepared again after {drop}");
+    }
+    // An error earlier in the string skips the PREPARE: the next write makes it.
+    let six = f.leader(6).await;
+    assert_eq!(code(&six.batch_execute(&format!("SELECT 1/0; {WRITE}")).await), "22012");
+    six.batch_execute(WRITE).await.unwrap();
+    six.batch_execute(WRITE).await.unwrap();
+    assert_eq!(guard_runs(&six).await, 2);
+    // Two Queries sent at once: the second cannot count on the first's PREPARE yet and
+    // spells the call out; both are guarded.
+    let mut raw = f.raw(f.proxy.port(), "5", &[]).await;
+    raw.send(&[query(WRITE), query(WRITE)].concat()).await;
+    for _ in 0..2 {
+        assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), ["PF001"]);
+    }
+    // A client statement that took the name: that write fails as in the extended protocol
+    // (42P05, nothing written); the next spell the call out.
+    let taken = f.leader(5).await;
+    taken
+        .batch_execute(&format!("PREPARE {} AS SELECT 1", guard()))
+        .await
+        .unwrap();
+    assert_eq!(code(&taken.batch_execute(WRITE).await), "42P05");
+    assert_eq!(code(&taken.batch_execute(WRITE).await), "PF001");
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
