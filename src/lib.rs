@@ -23,6 +23,25 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` for the command line's reports that never panics: when stdout is closed
+/// (`pgfence init … | head -1`), the text is lost, not the run (the demo still cleans up).
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`say!`] without the newline.
+#[macro_export]
+macro_rules! say_part {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod config;
 pub mod demo;
 pub mod error;

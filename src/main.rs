@@ -196,7 +196,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .context("cannot connect to the database")?;
             tokio::spawn(connection);
             let report = pgfence::fence::install::install(&mut client, &fences).await?;
-            println!("{report}");
+            pgfence::say!("{report}");
             Ok(())
         }
         Command::Demo => pgfence::demo::run().await,
@@ -229,7 +229,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             if let Err(e) = tokio::net::lookup_host(&c.upstream).await {
                 tracing::warn!("upstream = {:?}: cannot resolve the address here: {e}", c.upstream);
             }
-            println!(
+            pgfence::say!(
                 "{}: ok (listen {}, upstream {}, {} fence(s))",
                 config.display(),
                 c.listen,

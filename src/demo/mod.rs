@@ -47,8 +47,8 @@ pub async fn run() -> anyhow::Result<()> {
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let bin_dir = cluster::find_bin_dir()?;
-    println!("pgfence demo: fencing tokens on an ordinary Postgres\n");
-    println!("starting a throwaway Postgres from {} ...", bin_dir.display());
+    crate::say!("pgfence demo: fencing tokens on an ordinary Postgres\n");
+    crate::say!("starting a throwaway Postgres from {} ...", bin_dir.display());
     let result = tokio::select! {
         r = start_and_showcase(bin_dir) => r,
         _ = interrupt.recv() => Err(anyhow!("interrupted")),
@@ -57,10 +57,10 @@ pub async fn run() -> anyhow::Result<()> {
     if result.is_err() {
         // The showcase future has been dropped, and with it the cluster: Postgres is stopped and
         // its directory removed.
-        println!("\nstopped: Postgres and its temp dir are gone");
+        crate::say!("\nstopped: Postgres and its temp dir are gone");
     }
     result?;
-    println!("demo finished in {:.1}s", started.elapsed().as_secs_f64());
+    crate::say!("demo finished in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -68,7 +68,7 @@ async fn start_and_showcase(bin_dir: std::path::PathBuf) -> anyhow::Result<()> {
     let mut cluster = Cluster::start(bin_dir).await?;
     let result = showcase(&cluster).await;
     cluster.stop();
-    println!(
+    crate::say!(
         "\ncleaned up: stopped Postgres and removed {}",
         cluster.root().display()
     );
@@ -78,7 +78,7 @@ async fn start_and_showcase(bin_dir: std::path::PathBuf) -> anyhow::Result<()> {
 async fn showcase(cluster: &Cluster) -> anyhow::Result<()> {
     let admin = cluster.admin("postgres").await?;
     let version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
-    println!(
+    crate::say!(
         "Postgres {version} is up on 127.0.0.1:{} (temp dir {})",
         cluster.port(),
         cluster.root().display()
@@ -92,21 +92,21 @@ async fn showcase(cluster: &Cluster) -> anyhow::Result<()> {
             .await?;
         lease.ensure_row(&client).await?;
     }
-    println!("created databases {DB} and {CONTROL_DB}, each with tables leader_lease and sweep_state");
+    crate::say!("created databases {DB} and {CONTROL_DB}, each with tables leader_lease and sweep_state");
 
     let toml = fence_toml(cluster.port());
     let config = RawConfig::from_toml(&toml)?.validate()?;
     let mut client = cluster.admin(DB).await?;
     let report = install(&mut client, &config.fences).await.context("pgfence init")?;
-    println!("\npgfence init, with this configuration:\n\n{}", indent(&toml));
-    print!("{}", indent(&report.to_string()));
+    crate::say!("\npgfence init, with this configuration:\n\n{}", indent(&toml));
+    crate::say_part!("{}", indent(&report.to_string()));
 
     let (proxy_port, shutdown, server) = start_proxy(config).await?;
-    println!(
+    crate::say!(
         "\npgfence is listening on 127.0.0.1:{proxy_port}, in front of 127.0.0.1:{}",
         cluster.port()
     );
-    println!(
+    crate::say!(
         "two workers, node-a and node-b, elect a leader on leader_lease (lease {:?}, renewed every {:?}, \
          given up after {:?} without a renewal) and sweep sweep_state while they lead",
         scenario::LEASE,
@@ -159,15 +159,15 @@ async fn start_proxy(config: Config) -> anyhow::Result<(u16, Shutdown, tokio::ta
 /// Prints `sweep_state` and the lease row of `db`; returns the row's note.
 async fn print_tables(cluster: &Cluster, db: &str, fenced: bool) -> anyhow::Result<String> {
     let client = cluster.admin(db).await?;
-    println!("\n  final sweep_state in {db}:");
-    println!("    id | note                         | last_epoch");
+    crate::say!("\n  final sweep_state in {db}:");
+    crate::say!("    id | note                         | last_epoch");
     let mut note = String::new();
     for row in client
         .query("SELECT id, note, last_epoch FROM sweep_state ORDER BY id", &[])
         .await?
     {
         let (id, n, epoch): (i32, String, i64) = (row.get(0), row.get(1), row.get(2));
-        println!("    {id:>2} | {n:<28} | {epoch}");
+        crate::say!("    {id:>2} | {n:<28} | {epoch}");
         note = n;
     }
     let lease = client
@@ -176,13 +176,13 @@ async fn print_tables(cluster: &Cluster, db: &str, fenced: bool) -> anyhow::Resu
     let holder: Option<String> = lease.get(0);
     let epoch: i64 = lease.get(1);
     let holder = holder.unwrap_or_else(|| "nobody (released)".into());
-    println!("  leader_lease: epoch {epoch}, holder {holder}");
+    crate::say!("  leader_lease: epoch {epoch}, holder {holder}");
     if fenced {
         let hwm: i64 = client
             .query_one("SELECT hwm FROM pgfence.fence WHERE name = $1", &[&FENCE])
             .await?
             .get(0);
-        println!("  pgfence.fence \"{FENCE}\": high-water mark {hwm}");
+        crate::say!("  pgfence.fence \"{FENCE}\": high-water mark {hwm}");
     }
     Ok(note)
 }
@@ -190,9 +190,9 @@ async fn print_tables(cluster: &Cluster, db: &str, fenced: bool) -> anyhow::Resu
 /// The conclusion, with the markers a reader (or a test) looks for. Fails when the fenced run
 /// did not refuse the stale write: then pgfence is broken and the demo must say so.
 fn verdict(fenced: &Outcome, fenced_note: &str, control: &Outcome, control_note: &str) -> anyhow::Result<()> {
-    println!("\n== Verdict ==");
+    crate::say!("\n== Verdict ==");
     match &fenced.stale_write {
-        Write::Refused { code, .. } if code == "PF001" && fenced_note == fenced.b_note => println!(
+        Write::Refused { code, .. } if code == "PF001" && fenced_note == fenced.b_note => crate::say!(
             "  with pgfence:    node-a's stale write was REJECTED with PF001; the row keeps node-b's sweep (\"{}\")",
             fenced.b_note
         ),
@@ -201,13 +201,16 @@ fn verdict(fenced: &Outcome, fenced_note: &str, control: &Outcome, control_note:
         }
     }
     match &control.stale_write {
-        Write::Committed(_) if control_note == control.a_note => println!(
+        Write::Committed(_) if control_note == control.a_note => crate::say!(
             "  without pgfence: CORRUPTED: node-a's stale write overwrote node-b's sweep; the row says \"{}\" \
              although node-b had taken over at epoch {}",
-            control.a_note, control.b_epoch
+            control.a_note,
+            control.b_epoch
         ),
         other => {
-            println!("  without pgfence: unexpectedly, the stale write did not land ({other:?}); row: {control_note:?}")
+            crate::say!(
+                "  without pgfence: unexpectedly, the stale write did not land ({other:?}); row: {control_note:?}"
+            )
         }
     }
     Ok(())

@@ -68,13 +68,13 @@ struct Clock(Instant);
 
 impl Clock {
     fn say(&self, who: &str, what: impl Display) {
-        println!("  t={:>4.1}s  {who:<7} {what}", self.0.elapsed().as_secs_f64());
+        crate::say!("  t={:>4.1}s  {who:<7} {what}", self.0.elapsed().as_secs_f64());
     }
 }
 
 /// Runs the story once and returns how node-a's stale write went.
 pub async fn run(run: &Run) -> anyhow::Result<Outcome> {
-    println!("\n== {} ==", run.title);
+    crate::say!("\n== {} ==", run.title);
     let clock = Clock(Instant::now());
     let (wrote_tx, wrote_rx) = watch::channel(None::<String>);
     let done = CancellationToken::new();

@@ -105,6 +105,26 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
     );
 }
 
+/// A report written to a closed stdout (`pgfence check-config … | head -0`) is lost, and the
+/// command still succeeds; it panicked with "failed printing to stdout".
+#[test]
+fn a_closed_stdout_loses_the_report_not_the_run() {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    let good = write_config("listen = \"127.0.0.1:6432\"\n");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .args(["check-config", "--config", &good])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success() && !err.contains("panicked"), "{status:?}: {err}");
+}
+
 #[tokio::test]
 async fn init_twice_via_the_command_line() {
     let cluster = Cluster::shared();
