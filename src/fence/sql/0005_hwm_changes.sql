@@ -27,9 +27,11 @@
 --   always speaks of the epoch and fence in the marker beside it.
 -- * Only a committed HWM is recorded. A transaction that changed a fence row itself sees its
 --   own change before it commits, and may still lose it without any count (ROLLBACK PREPARED
---   after PREPARE TRANSACTION, which keeps the session's settings as a commit would): every
---   change marks its transaction (pgfence.guard_wrote, set LOCAL, gone at its end and with a
---   rolled-back savepoint), and no count is recorded in a marked transaction.
+--   after PREPARE TRANSACTION, which keeps the session's settings as a commit would). Every
+--   such change holds the fence's lock exclusive until its transaction ends (a savepoint
+--   rolled back releases both), so no count is recorded by a transaction that holds it
+--   (pg_locks; only on the read path, after a change). A setting would not do: RESET ALL
+--   clears settings inside a transaction, and it cannot release a lock.
 --
 -- Like pgfence.guard_passed, the setting is the session's own: a session that sets both by
 -- hand can skip the read, which is the case of a client that wants to write (fencing is not
@@ -67,8 +69,6 @@ BEGIN
     -- TRUNCATE takes no fence lock: a fence without a row has HWM 0, and a write passing at
     -- the old HWM meanwhile is above that.
     PERFORM nextval('pgfence.hwm_changes');
-    -- This transaction now sees a HWM it may yet lose: the short path records no count in it.
-    PERFORM set_config('pgfence.guard_wrote', 'on', true);
     RETURN NULL;
 END
 $$;
@@ -195,10 +195,9 @@ BEGIN
         -- Only on the bump path: a HWM never goes down, so the shared path re-reads a HWM
         -- at least as high as the one that chose it.
         UPDATE pgfence.fence SET hwm = p_epoch WHERE name = p_fence;
-        -- Counted and marked here too (the trigger does both as well): a bump must be, even
-        -- in a session whose triggers do not fire.
+        -- Counted here too (the trigger counts it as well): a bump must be counted even in a
+        -- session whose triggers do not fire.
         PERFORM nextval('pgfence.hwm_changes');
-        PERFORM set_config('pgfence.guard_wrote', 'on', true);
     END IF;
 END
 $$;
@@ -214,6 +213,7 @@ DECLARE
     v_hwm   bigint;
     v_lease bigint;
     v_count bigint;
+    v_key   bigint;
     v_ok    boolean;
 BEGIN
     IF p_fence IS NOT NULL AND p_epoch OPERATOR(pg_catalog.>=) 1
@@ -248,9 +248,19 @@ BEGIN
             END IF;
             SELECT f.hwm INTO v_hwm FROM pgfence.fence f WHERE f.name OPERATOR(pg_catalog.=) p_fence;
             IF p_epoch OPERATOR(pg_catalog.=) v_hwm THEN
-                -- Not a HWM this transaction wrote itself: it may never commit.
-                IF v_count IS NOT NULL AND (pg_catalog.current_setting('pgfence.guard_wrote', true)
-                                            OPERATOR(pg_catalog.=) 'on') IS NOT TRUE THEN
+                -- Not a HWM this transaction wrote itself (it may never commit): a writer of
+                -- the fence row holds the fence's lock exclusive to its end.
+                v_key := pgfence.lock_key(p_fence);
+                IF v_count IS NOT NULL AND NOT EXISTS (
+                       SELECT FROM pg_catalog.pg_locks l
+                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+                          AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+                          AND l.objsubid OPERATOR(pg_catalog.=) 1
+                          AND l.classid OPERATOR(pg_catalog.=)
+                              ((v_key OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
+                          AND l.objid OPERATOR(pg_catalog.=)
+                              (v_key OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) THEN
                     PERFORM pg_catalog.set_config('pgfence.guard_checked', v_count::pg_catalog.text, false);
                 END IF;
                 RETURN;

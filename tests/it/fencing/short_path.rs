@@ -239,29 +239,37 @@ async fn the_short_path_reads_the_fence_row_again_only_after_it_changed() {
 /// A transaction sees its own bump of the HWM before it commits, and `ROLLBACK PREPARED`
 /// can still take that bump away after `PREPARE TRANSACTION` kept the session's settings as
 /// a commit would. Recording the count there left a marker for a HWM that never committed:
-/// the new epoch then wrote without raising the HWM, and the old leader wrote after it.
+/// the new epoch then wrote without raising the HWM, and the old leader wrote after it. Also
+/// after `RESET ALL` in that transaction (settings cleared, the bump kept).
 #[tokio::test]
 async fn a_bump_rolled_back_after_prepare_transaction_is_not_trusted() {
-    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
-    let old = f.leader(3).await;
-    old.execute(WRITE, &[]).await.unwrap();
-    let new = f.leader(4).await;
-    // The bump, then a second guard in the same transaction (a savepoint rolled back makes
-    // pgfence guard the next write again): it reads the transaction's own HWM, 4.
-    new.batch_execute(&format!(
-        "BEGIN; {WRITE}; SAVEPOINT s; ROLLBACK TO SAVEPOINT s; {WRITE}; PREPARE TRANSACTION 'pf_bump'"
-    ))
-    .await
-    .unwrap();
-    f.admin.batch_execute("ROLLBACK PREPARED 'pf_bump'").await.unwrap();
-    assert_eq!(f.hwm().await, 3, "the bump was rolled back");
-    // The new epoch's next write bumps for real ...
-    new.execute(WRITE, &[]).await.unwrap();
-    assert_eq!(f.hwm().await, 4);
-    // ... so the old leader is refused.
-    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
-    // Control: straight to Postgres the old leader's write lands.
-    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+    // A savepoint rolled back makes pgfence guard the next write again: the second guard
+    // of the transaction reads its own HWM, 4 (the third, after RESET ALL).
+    let again = format!("SAVEPOINT s; ROLLBACK TO SAVEPOINT s; {WRITE}");
+    for (i, between) in [again.clone(), format!("RESET ALL; {WRITE}; {again}; {again}")]
+        .iter()
+        .enumerate()
+    {
+        let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+        let old = f.leader(3).await;
+        old.execute(WRITE, &[]).await.unwrap();
+        let new = f.leader(4).await;
+        new.batch_execute(&format!("BEGIN; {WRITE}; {between}; PREPARE TRANSACTION 'pf_bump_{i}'"))
+            .await
+            .unwrap();
+        f.admin
+            .batch_execute(&format!("ROLLBACK PREPARED 'pf_bump_{i}'"))
+            .await
+            .unwrap();
+        assert_eq!(f.hwm().await, 3, "the bump was rolled back ({between})");
+        // The new epoch's next write bumps for real ...
+        new.execute(WRITE, &[]).await.unwrap();
+        assert_eq!(f.hwm().await, 4, "{between}");
+        // ... so the old leader is refused.
+        assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001", "{between}");
+        // Control: straight to Postgres the old leader's write lands.
+        assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+    }
 }
 
 /// A writer that passed the short path holds its lock until it commits: a hand-made change
