@@ -99,9 +99,9 @@ pub struct Dispatcher {
     /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
     /// so far is answered. Until then pgfence's prepared statements may be gone.
     dealloc_until: u64,
-    /// The simple Query being dispatched prepares pgfence's guard statement
-    /// (`simple_check`).
-    query_prepared: bool,
+    /// pgfence's own Query to send before the client's Query being dispatched
+    /// ([`Self::prepare_ahead`]).
+    query_prefix: Option<String>,
     /// The guard sent earlier in this batch (batch, fence, epoch), while every Execute
     /// since has been a fenced write: none of those can end the transaction, and an
     /// error skips the rest of the batch, so its locks cover the next write too. Sending
@@ -126,7 +126,7 @@ impl Dispatcher {
             sent: 0,
             batch: 0,
             dealloc_until: 0,
-            query_prepared: false,
+            query_prefix: None,
             batch_guard: None,
             rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
             rw_serial: 0,
@@ -148,8 +148,8 @@ impl Dispatcher {
     /// such a statement cannot be rewritten without corrupting it, so a fenced
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
+        self.prepare_ahead(shared);
         self.sent += 1;
-        self.query_prepared = false;
         shared.copy_data_early = false;
         // Postgres ends an implicit transaction left open by an Execute with this Query.
         let unsynced = std::mem::replace(&mut shared.unsynced, false);
@@ -235,16 +235,8 @@ impl Dispatcher {
                     }
                 }
                 need => {
-                    if let Some((prepare, injected, call)) = self.simple_check(shared, need, single) {
+                    if let Some((injected, call)) = self.simple_check(shared, need, single) {
                         out.copy(before);
-                        if let Some(prepare) = prepare {
-                            out.add(&prepare);
-                            out.add(";");
-                            parts.push(Part {
-                                injected: Some(Injected::Prepare(OwnStatement::Guard)),
-                                effect: None,
-                            });
-                        }
                         out.add(&call);
                         out.add(";");
                         copied = stmt.span.start;
@@ -611,22 +603,41 @@ impl Dispatcher {
         }
     }
 
-    /// Guard or rejection call for one fenced statement in a simple Query, with the
-    /// `PREPARE` to splice before it when the call executes pgfence's own guard statement
-    /// for the first time in the session.
+    /// Prepares pgfence's guard statement with an SQL `PREPARE` of its own, sent as a Query
+    /// before the client's, when the session may need the guard in the simple protocol and
+    /// does not have it. Only between transactions ([`Shared::between_transactions`]), so
+    /// that the PREPARE runs in a transaction of its own: if it fails (a database without the
+    /// `pgfence` schema, a name a client statement took), nothing of the client's is
+    /// touched, and the guard is spelled out instead. A PREPARE in the client's own string
+    /// would keep that whole string as the statement's text for the rest of the session.
+    fn prepare_ahead(&mut self, shared: &mut Shared) {
+        let own = OwnStatement::Guard;
+        if !shared.between_transactions()
+            || shared.answered < self.dealloc_until
+            || shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
+            || self.speculative.epoch.current().is_none()
+            || !self.fences.applicable.iter().any(|&f| !self.probe_only(f))
+        {
+            return;
+        }
+        shared.own.insert(own, Prepared::BY_QUERY);
+        shared.pending.push_back(Unit::OwnQuery(own));
+        self.query_prefix = Some(guard_sql::guard_prepare(own.name()));
+    }
+
+    /// The Query [`Self::on_query`] wants sent before the client's, if any.
+    pub fn take_query_prefix(&mut self) -> Option<String> {
+        self.query_prefix.take()
+    }
+
+    /// Guard or rejection call for one fenced statement in a simple Query.
     ///
     /// Postgres parses and plans a guard call in each transaction of the simple protocol
-    /// (about 20 µs of server CPU); `EXECUTE` of a prepared one does neither. The statement
-    /// is prepared by the first Query that needs it (prepared statements outlive a rolled
-    /// back transaction) and used once that is answered, or later in the same string; while
-    /// its state is not known (in flight from another Query, a DEALLOCATE or DISCARD in
-    /// flight, a name found taken) the call is written out as before.
-    fn simple_check(
-        &mut self,
-        shared: &mut Shared,
-        need: Need,
-        single: bool,
-    ) -> Option<(Option<String>, Injected, String)> {
+    /// (about 20 µs of server CPU); `EXECUTE` of pgfence's prepared guard statement does
+    /// neither. The statement is prepared by [`Self::prepare_ahead`]; until Postgres has
+    /// answered that (or while a DEALLOCATE or DISCARD may have dropped it, or a client
+    /// statement took its name) the call is spelled out.
+    fn simple_check(&self, shared: &Shared, need: Need, single: bool) -> Option<(Injected, String)> {
         let if_prepared = need.missing_name();
         match self.decide(need)? {
             Decision::Guard { fence, epoch } => {
@@ -636,37 +647,23 @@ impl Dispatcher {
                     return None;
                 }
                 let own = OwnStatement::Guard;
-                let dropped = shared.answered < self.dealloc_until;
-                // (prepare it here, execute it)
-                let how = match shared.own.get(&own).copied().unwrap_or_default() {
-                    _ if dropped => None,
-                    Prepared::No => Some(true),
-                    Prepared::Yes => Some(false),
-                    // Prepared earlier in this string: it stands or falls with the string.
-                    Prepared::InFlight(_) if self.query_prepared => Some(false),
-                    Prepared::InFlight(_) | Prepared::Unknown => None,
-                };
+                let prepared = shared.answered >= self.dealloc_until
+                    && shared.own.get(&own).copied().unwrap_or_default() == Prepared::Yes;
                 let keep = self.keeps_hwm(fence);
                 let (name, lease) = self.fence_args(fence);
-                let (prepare, call) = match how {
-                    None => (None, guard_sql::guard_call(name, epoch, lease, keep)),
-                    Some(first) => (
-                        first.then(|| guard_sql::guard_prepare(own.name())),
-                        guard_sql::guard_execute(own.name(), name, epoch, lease, keep),
-                    ),
+                let call = if prepared {
+                    guard_sql::guard_execute(own.name(), name, epoch, lease, keep)
+                } else {
+                    guard_sql::guard_call(name, epoch, lease, keep)
                 };
-                if prepare.is_some() {
-                    shared.own.insert(own, Prepared::BY_QUERY);
-                    self.query_prepared = true;
-                }
-                Some((prepare, Injected::Guard(fence, epoch), call))
+                Some((Injected::Guard(fence, epoch), call))
             }
             Decision::Reject(r) => {
                 let call = match if_prepared {
                     Some(name) => guard_sql::reject_if_prepared_call(&name, r.code, &r.message, &r.hint),
                     None => guard_sql::reject_call(r.code, &r.message, &r.hint),
                 };
-                Some((None, Injected::Reject, call))
+                Some((Injected::Reject, call))
             }
         }
     }

@@ -295,15 +295,24 @@ fn handle_client_message(
             }
             let text = String::from_utf8_lossy(sql);
             let exact = matches!(text, std::borrow::Cow::Borrowed(_));
-            let Some(new) = disp.on_query(st, &text, exact) else {
-                return Ok(Action::Forward);
+            let new = disp.on_query(st, &text, exact);
+            let mut out = BytesMut::new();
+            if let Some(prefix) = disp.take_query_prefix() {
+                crate::protocol::codec::query(&mut out, &prefix);
+            }
+            let Some(new) = new else {
+                return Ok(if out.is_empty() {
+                    Action::Forward
+                } else {
+                    Action::Prefix(out)
+                });
             };
             if HEADER_LEN + new.len() + 1 > PG_MESSAGE_LIMIT {
                 // Only with max_message_size near its 1 GiB ceiling and a text of many
                 // short fenced writes, each of which gets a guard.
                 return Err("the query with pgfence's guards exceeds the protocol's message limit".into());
             }
-            let mut out = BytesMut::with_capacity(new.len() + 6);
+            out.reserve(new.len() + 6);
             crate::protocol::codec::query(&mut out, &new);
             Ok(Action::Replace(out))
         }

@@ -117,8 +117,8 @@ pub enum Prepared {
     /// Not prepared (or lost to DISCARD/DEALLOCATE ALL).
     #[default]
     No,
-    /// A Parse is in flight in the batch with this Sync number ([`Prepared::BY_QUERY`]: an
-    /// SQL `PREPARE` in a simple Query).
+    /// A Parse is in flight in the batch with this Sync number ([`Prepared::BY_QUERY`]:
+    /// pgfence's own SQL `PREPARE`, [`Unit::OwnQuery`]).
     InFlight(u64),
     /// Prepared.
     Yes,
@@ -128,9 +128,10 @@ pub enum Prepared {
 }
 
 impl Prepared {
-    /// Spliced into a simple Query as SQL `PREPARE`, not yet answered. No batch has this
-    /// number, so the extended protocol never takes the statement for made (the Query may
-    /// fail while the extended messages after it run): it closes and prepares it anew.
+    /// Prepared by pgfence's own SQL `PREPARE` ([`Unit::OwnQuery`]), not yet answered. No
+    /// batch has this number, so the extended protocol never takes the statement for made
+    /// (the PREPARE may fail while the extended messages after it run): it closes and
+    /// prepares it anew.
     pub const BY_QUERY: Prepared = Prepared::InFlight(u64::MAX);
 }
 
@@ -267,6 +268,10 @@ pub enum Unit {
     },
     /// FunctionCall.
     FunctionCall,
+    /// pgfence's own Query (SQL `PREPARE` of its statement), sent ahead of a client's Query
+    /// while nothing was in flight and no transaction open: every reply to it is swallowed,
+    /// its ReadyForQuery included.
+    OwnQuery(OwnStatement),
     /// Parse; the client's carry the definition it makes, and how the text sent was made
     /// from theirs when it is not theirs.
     Parse(Option<Injected>, Option<Defined>, Option<Arc<Positions>>),
@@ -470,6 +475,27 @@ impl Shared {
         self.pending.is_empty() && self.tx_status == b'I' && !self.unsynced
     }
 
+    /// No transaction is open, and none will be when what is in flight is answered: nothing
+    /// in flight can run a statement (only Parse, Bind, Describe and Close, as drivers send
+    /// them to drop statements they cached), and a Sync ends it. A Query sent now runs in a
+    /// transaction of its own, and no error before it can make Postgres skip it.
+    pub fn between_transactions(&self) -> bool {
+        self.tx_status == b'I'
+            && !self.unsynced
+            && matches!(self.pending.back(), None | Some(Unit::Sync { .. }))
+            && self.pending.iter().all(|u| {
+                matches!(
+                    u,
+                    Unit::Parse(..)
+                        | Unit::Bind(..)
+                        | Unit::Describe
+                        | Unit::Close(..)
+                        | Unit::ClosePortal(..)
+                        | Unit::Sync { .. }
+                )
+            })
+    }
+
     /// Whether a guard for `(fence, epoch)` already holds its locks in the
     /// open transaction, so another one would add nothing. True only when
     /// nothing in flight can end that transaction.
@@ -547,16 +573,6 @@ impl Shared {
                     }
                     b'E' => {
                         self.tx_error = true;
-                        // A failed PREPARE of pgfence's guard speaks for the guard after it
-                        // (PF005 names its fence and epoch).
-                        let injected = match injected {
-                            Some(Injected::Prepare(_)) => parts
-                                .get(*done + 1)
-                                .and_then(|p| p.injected)
-                                .filter(|i| matches!(i, Injected::Guard(..)))
-                                .or(injected),
-                            other => other,
-                        };
                         // The rest of the string is not executed: its `PREPARE`s, this one's
                         // included, define nothing. (`parts` is empty when no statement has
                         // an effect, while `done` still counts the completed ones.)
@@ -568,26 +584,10 @@ impl Shared {
                                 _ => None,
                             })
                             .collect();
-                        let own: Vec<(OwnStatement, Prepared)> = parts
-                            .iter()
-                            .enumerate()
-                            .skip(*done)
-                            .filter_map(|(i, p)| match p.injected {
-                                // Refused for a name the client took: it may be anything.
-                                Some(Injected::Prepare(s)) if i == *done && name_taken(body) => {
-                                    Some((s, Prepared::Unknown))
-                                }
-                                Some(Injected::Prepare(s)) => Some((s, Prepared::No)),
-                                _ => None,
-                            })
-                            .collect();
                         *done = parts.len();
                         let positions = positions.take();
                         for d in &unmade {
                             self.forget_failed(d);
-                        }
-                        for (s, state) in own {
-                            self.settle_query_prepare(s, state);
                         }
                         let verdict = self.error_verdict(injected, body);
                         self.with_client_position(verdict, positions, body)
@@ -599,6 +599,21 @@ impl Shared {
                     _ if injected.is_some() => Verdict::Swallow,
                     _ => Verdict::Forward,
                 }
+            }
+            Unit::OwnQuery(own) => {
+                let own = *own;
+                match tag {
+                    b'C' => self.settle_query_prepare(own, Prepared::Yes),
+                    // Refused for a name a client statement took: it may be anything.
+                    b'E' if name_taken(body) => self.settle_query_prepare(own, Prepared::Unknown),
+                    b'E' => self.settle_query_prepare(own, Prepared::No),
+                    // Not counted as answered: the dispatcher never counted it as sent.
+                    b'Z' => {
+                        self.pending.pop_front();
+                    }
+                    _ => {}
+                }
+                Verdict::Swallow
             }
             Unit::FunctionCall | Unit::Sync { .. } => {
                 match tag {
@@ -747,9 +762,6 @@ impl Shared {
     ) -> Verdict {
         if let Some(Injected::Guard(fence, epoch)) = injected {
             self.guarded = Some((fence, epoch));
-        }
-        if let Some(Injected::Prepare(own)) = injected {
-            self.settle_query_prepare(own, Prepared::Yes);
         }
         if tag == b's' && injected.is_none() {
             // A suspended portal may be a CALL that committed or rolled back inside: its
@@ -1076,9 +1088,8 @@ impl Shared {
         }
     }
 
-    /// The answer to an SQL `PREPARE` of pgfence's own statement spliced into a simple
-    /// Query; ignored once something else (a Close and Parse, DISCARD ALL) took over the
-    /// name's state since.
+    /// The answer to pgfence's own SQL `PREPARE` ([`Unit::OwnQuery`]); ignored once
+    /// something else (a Close and Parse, DISCARD ALL) took over the name's state since.
     fn settle_query_prepare(&mut self, own: OwnStatement, state: Prepared) {
         if self.own.get(&own) == Some(&Prepared::BY_QUERY) {
             self.own.insert(own, state);
@@ -1105,15 +1116,9 @@ impl Shared {
                     Some(Unit::Parse(_, Some(d), _)) => self.forget_failed(&d),
                     // Counted as sent when dispatched, as a Sync is: answered now, as it
                     // never will be.
-                    Some(Unit::Query { parts, .. }) => {
-                        self.answered += 1;
-                        for p in &parts {
-                            if let Some(Injected::Prepare(s)) = p.injected {
-                                self.settle_query_prepare(s, Prepared::No);
-                            }
-                        }
-                    }
-                    Some(Unit::FunctionCall) => self.answered += 1,
+                    Some(Unit::Query { .. } | Unit::FunctionCall) => self.answered += 1,
+                    // Never sent behind anything (see [`Unit::OwnQuery`]); not counted.
+                    Some(Unit::OwnQuery(s)) => self.settle_query_prepare(s, Prepared::No),
                     Some(Unit::Bind(_, _, Some(r))) => {
                         self.bind_answered(&r.portal);
                         self.unbind(*r);

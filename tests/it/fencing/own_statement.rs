@@ -111,16 +111,18 @@ async fn a_client_close_of_the_guard_statement_is_survived() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
-/// A client statement that took the guard's name: the first write fails (Postgres' 42P05,
-/// nothing written); pgfence then closes that name before preparing its own, so the session
-/// does not fail forever, and every later write is guarded.
+/// A client statement that took the guard's name (before pgfence prepared its own, which a
+/// session with an epoch does at its first Query): the first write by the extended protocol
+/// fails (Postgres' 42P05, nothing written); pgfence then closes that name before preparing
+/// its own, so the session does not fail forever, and every later write is guarded.
 #[tokio::test]
 async fn a_client_statement_named_like_the_guard_costs_one_write() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
-    let five = f.leader(5).await;
+    let five = f.session("").await;
     five.batch_execute(&format!("PREPARE {} AS SELECT 1", guard()))
         .await
         .unwrap();
+    five.batch_execute("SET pgfence.epoch = 5").await.unwrap();
     assert_eq!(code(&five.execute(WRITE, &[]).await), "42P05");
     assert_eq!(f.note().await.0, "init");
     five.execute(WRITE, &[]).await.unwrap();
@@ -171,51 +173,70 @@ async fn guard_runs(client: &tokio_postgres::Client) -> i64 {
 }
 
 /// The simple protocol runs the guard as `EXECUTE` of the same statement, prepared by an SQL
-/// `PREPARE` in the first Query that needs it, so Postgres does not parse and plan the guard
-/// call in every transaction. Whatever drops the statement, or keeps it from being made, the
-/// next write prepares it again (or spells the call out) and stays guarded.
+/// `PREPARE` that pgfence sends as a Query of its own while the session is idle (its replies
+/// unseen), so Postgres does not parse and plan the guard call in every transaction, and
+/// the statement's text is pgfence's alone. Whatever drops the statement, or keeps it from
+/// being made, the next write prepares it again (or spells the call out) and stays guarded.
 #[tokio::test]
 async fn the_simple_protocol_executes_the_prepared_guard() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
     let five = f.leader(5).await;
-    for _ in 0..3 {
+    let big = format!("{WRITE} AND note <> '{}'", "x".repeat(100_000));
+    five.batch_execute(&big).await.unwrap();
+    for _ in 0..2 {
         five.batch_execute(WRITE).await.unwrap();
     }
-    assert_eq!(guard_runs(&five).await, 3, "one PREPARE, three EXECUTEs");
+    // The first write spelled the call out (the PREPARE was in flight), the others ran it.
+    assert_eq!(guard_runs(&five).await, 2);
     assert!(!has_guard(&five).await, "prepared by SQL, not by a Parse");
+    let text: String = five
+        .query_one(
+            "SELECT statement FROM pg_prepared_statements WHERE name = $1",
+            &[&guard()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(text.len() < 200 && text.contains("pgfence.guard"), "{text}");
     // The extended protocol uses the same statement.
     five.execute(WRITE, &[]).await.unwrap();
-    assert_eq!(guard_runs(&five).await, 4);
+    assert_eq!(guard_runs(&five).await, 3);
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
     let by_name = format!("DEALLOCATE {}", guard());
     for drop in [by_name.as_str(), "DEALLOCATE ALL", "DISCARD ALL"] {
         five.batch_execute(drop).await.unwrap();
         assert_eq!(guard_runs(&five).await, 0, "{drop}");
-        assert_eq!(code(&five.batch_execute(WRITE).await), "PF001", "{drop}");
+        for _ in 0..2 {
+            assert_eq!(code(&five.batch_execute(WRITE).await), "PF001", "{drop}");
+        }
         assert_eq!(guard_runs(&five).await, 1, "prepared again after {drop}");
     }
-    // An error earlier in the string skips the PREPARE: the next write makes it.
-    let six = f.leader(6).await;
-    assert_eq!(code(&six.batch_execute(&format!("SELECT 1/0; {WRITE}")).await), "22012");
-    six.batch_execute(WRITE).await.unwrap();
-    six.batch_execute(WRITE).await.unwrap();
-    assert_eq!(guard_runs(&six).await, 2);
-    // Two Queries sent at once: the second cannot count on the first's PREPARE yet and
-    // spells the call out; both are guarded.
+    // Two Queries sent at once by a new session: the second cannot count on the PREPARE
+    // yet and spells the call out; both are guarded, and the client sees only its replies.
     let mut raw = f.raw(f.proxy.port(), "5", &[]).await;
     raw.send(&[query(WRITE), query(WRITE)].concat()).await;
     for _ in 0..2 {
-        assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), ["PF001"]);
+        let replies = raw.read_until(|m| m.tag == b'Z').await;
+        assert_eq!(codes(&replies), ["PF001"]);
+        assert_eq!(replies.iter().filter(|m| m.tag == b'C').count(), 0, "{replies:?}");
     }
-    // A client statement that took the name: that write fails as in the extended protocol
-    // (42P05, nothing written); the next spell the call out.
-    let taken = f.leader(5).await;
+    // A client statement that took the name first: pgfence's PREPARE fails unseen, and the
+    // call is spelled out.
+    let taken = f.session("").await;
     taken
         .batch_execute(&format!("PREPARE {} AS SELECT 1", guard()))
         .await
         .unwrap();
-    assert_eq!(code(&taken.batch_execute(WRITE).await), "42P05");
-    assert_eq!(code(&taken.batch_execute(WRITE).await), "PF001");
+    taken.batch_execute("SET pgfence.epoch = 5").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(code(&taken.batch_execute(WRITE).await), "PF001");
+    }
+    let mine: i32 = taken
+        .query_one(&format!("EXECUTE {}", guard()), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mine, 1, "the client's statement is untouched");
     // Control.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
