@@ -116,6 +116,28 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// Whether an ErrorResponse body says the session ends (severity FATAL or PANIC; the
+/// non-localised `V` field where the server sends it, else `S`).
+pub fn ends_session(body: &[u8]) -> bool {
+    let mut r = Body::new(body);
+    let mut severity = None;
+    while let Some(field) = r.u8() {
+        if field == 0 {
+            break;
+        }
+        let Some(value) = r.cstr() else { break };
+        match field {
+            b'V' => {
+                severity = Some(value);
+                break;
+            }
+            b'S' => severity = Some(value),
+            _ => {}
+        }
+    }
+    matches!(severity, Some(b"FATAL" | b"PANIC"))
+}
+
 /// The fields of an ErrorResponse or NoticeResponse body, in order; `None` when malformed.
 fn error_fields(body: &[u8]) -> Option<Vec<(u8, &[u8])>> {
     let mut fields = Vec::new();
@@ -214,6 +236,25 @@ pub fn client_encoding_hides_backslash(body: &[u8]) -> Option<bool> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_that_ends_the_session_is_known_by_its_severity() {
+        let err = |fields: &[(u8, &str)]| {
+            let mut b = Vec::new();
+            for (f, v) in fields {
+                b.push(*f);
+                b.extend_from_slice(v.as_bytes());
+                b.push(0);
+            }
+            b.push(0);
+            b
+        };
+        assert!(super::ends_session(&err(&[(b'S', "FATAL"), (b'C', "57P01")])));
+        assert!(super::ends_session(&err(&[(b'S', "PANIK"), (b'V', "PANIC")])));
+        assert!(!super::ends_session(&err(&[(b'S', "FATAL"), (b'V', "ERROR")])));
+        assert!(!super::ends_session(&err(&[(b'S', "ERROR"), (b'C', "42883")])));
+        assert!(!super::ends_session(b"S"));
+    }
+
     use super::*;
 
     #[test]

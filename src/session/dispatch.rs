@@ -102,6 +102,10 @@ pub struct Dispatcher {
     /// pgfence's own Query to send before the client's Query being dispatched
     /// ([`Self::prepare_ahead`]).
     query_prefix: Option<String>,
+    /// The [`Shared::answered`] count at which the last Execute sent is answered by its
+    /// Sync's ReadyForQuery: until then a transaction it opened is not known (an Execute is
+    /// answered, and forgotten, before that, e.g. after a Flush).
+    ran_until: u64,
     /// The guard sent earlier in this batch (batch, fence, epoch), while every Execute
     /// since has been a fenced write: none of those can end the transaction, and an
     /// error skips the rest of the batch, so its locks cover the next write too. Sending
@@ -127,6 +131,7 @@ impl Dispatcher {
             batch: 0,
             dealloc_until: 0,
             query_prefix: None,
+            ran_until: 0,
             batch_guard: None,
             rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
             rw_serial: 0,
@@ -613,6 +618,7 @@ impl Dispatcher {
     fn prepare_ahead(&mut self, shared: &mut Shared) {
         let own = OwnStatement::Guard;
         if !shared.between_transactions()
+            || shared.answered < self.ran_until
             || shared.answered < self.dealloc_until
             || shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
             || self.speculative.epoch.current().is_none()
@@ -790,6 +796,8 @@ impl Dispatcher {
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         shared.copy_data_early = false;
         shared.unsynced = true;
+        // Its effect on the transaction is known once the Sync after it is answered.
+        self.ran_until = self.sent + 1;
         if let Some(decision) = self.execute_rewrite(shared, portal) {
             match decision {
                 Some(decision) => self.inject_extended(shared, decision, None, out),

@@ -604,6 +604,12 @@ impl Shared {
                 let own = *own;
                 match tag {
                     b'C' => self.settle_query_prepare(own, Prepared::Yes),
+                    // The session ends (terminated, crash, shutdown): the client is told, as
+                    // it would be told during a statement of its own.
+                    b'E' if body.is_some_and(frame::ends_session) => {
+                        self.settle_query_prepare(own, Prepared::No);
+                        return Verdict::Forward;
+                    }
                     // Refused for a name a client statement took: it may be anything.
                     b'E' if name_taken(body) => self.settle_query_prepare(own, Prepared::Unknown),
                     b'E' => self.settle_query_prepare(own, Prepared::No),

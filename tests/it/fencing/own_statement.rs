@@ -7,7 +7,7 @@
 
 use super::{Fixture, NO_LEASE, code};
 use crate::common::pg::Cluster;
-use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, query, sync};
+use crate::common::raw::{Raw, bind, close_statement, codes, execute, message, parse, query, sync, tags};
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'w' WHERE id = 1";
 
@@ -239,4 +239,70 @@ async fn the_simple_protocol_executes_the_prepared_guard() {
     assert_eq!(mine, 1, "the client's statement is untouched");
     // Control.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// The replies to a transaction opened by an Execute answered before its Sync (a Flush),
+/// then Sync, a query and COMMIT sent at once. pgfence sends its PREPARE only between
+/// transactions: run inside this one, its failure (no pgfence schema here) aborted the
+/// client's transaction, and COMMIT answered ROLLBACK.
+#[tokio::test]
+async fn the_guard_is_not_prepared_in_a_transaction_opened_before_a_flush() {
+    let (cluster, db, proxy) = super::writes_without_init_get_pf005(NO_LEASE).await;
+    let params = [("user", "postgres"), ("database", db.as_str()), ("pgfence.epoch", "5")];
+    let mut seen = Vec::new();
+    for port in [proxy.port(), cluster.port()] {
+        let (mut raw, _) = Raw::startup(port, &params).await;
+        let begin = [parse("", "BEGIN"), bind("", "", &[]), execute(""), message(b'H', &[])].concat();
+        raw.send(&begin).await;
+        raw.read_until(|m| m.tag == b'C').await;
+        raw.send(&[sync(), query("SELECT 1"), query("COMMIT")].concat()).await;
+        let mut replies = Vec::new();
+        for _ in 0..3 {
+            replies.extend(raw.read_until(|m| m.tag == b'Z').await);
+        }
+        assert_eq!(codes(&replies), Vec::<String>::new(), "port {port}");
+        let commit = replies.iter().rev().find(|m| m.tag == b'C').map(|m| m.body.clone());
+        seen.push((tags(&replies), commit));
+    }
+    assert_eq!(seen[0], seen[1], "through pgfence, then straight to Postgres");
+}
+
+/// A FATAL that ends the session while pgfence's own PREPARE runs reaches the client, as it
+/// would during a statement of the client's.
+#[tokio::test]
+async fn a_fatal_during_the_guards_prepare_reaches_the_client() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let mut raw = f.raw(f.proxy.port(), "5", &[]).await;
+    // The PREPARE looks the guard up in pg_proc: a lock on it holds it. The lock holds every
+    // session of this database that must read pg_proc; another database's watches.
+    let locker = f.direct().await;
+    locker
+        .batch_execute("BEGIN; LOCK pg_catalog.pg_proc IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    raw.send(&query("SELECT 1")).await;
+    let admin = f.cluster.admin("postgres").await;
+    let mut pid = None;
+    for _ in 0..100 {
+        pid = admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE 'PREPARE pgfence_guard%' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get::<_, i32>(0));
+        if pid.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let pid = pid.expect("pgfence's PREPARE waits for the lock");
+    admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(m) = raw.read().await {
+        got.push(m);
+    }
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(codes(&got), ["57P01"], "{got:?}");
 }
