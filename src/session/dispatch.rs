@@ -617,12 +617,13 @@ impl Dispatcher {
     /// would keep that whole string as the statement's text for the rest of the session.
     fn prepare_ahead(&mut self, shared: &mut Shared) {
         let own = OwnStatement::Guard;
-        if !shared.between_transactions()
-            || shared.answered < self.ran_until
-            || shared.answered < self.dealloc_until
-            || shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
+        // Cheapest first: once prepared, every Query stops at the first test.
+        if shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
             || self.speculative.epoch.current().is_none()
             || !self.fences.applicable.iter().any(|&f| !self.probe_only(f))
+            || shared.answered < self.ran_until
+            || shared.answered < self.dealloc_until
+            || !shared.between_transactions()
         {
             return;
         }
