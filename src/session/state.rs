@@ -532,6 +532,11 @@ impl Shared {
             return Verdict::Forward;
         }
         if matches!(tag, b'N' | b'A') {
+            // A notice while pgfence's own Query runs is that Query's (a LOG of its text
+            // under log_statement with client_min_messages = log): unseen, as its replies.
+            if tag == b'N' && matches!(self.pending.front(), Some(Unit::OwnQuery(_))) {
+                return Verdict::Swallow;
+            }
             return Verdict::Forward;
         }
         self.drop_skipped();
@@ -610,9 +615,11 @@ impl Shared {
                         self.settle_query_prepare(own, Prepared::No);
                         return Verdict::Forward;
                     }
-                    // Refused for a name a client statement took: it may be anything.
-                    b'E' if name_taken(body) => self.settle_query_prepare(own, Prepared::Unknown),
-                    b'E' => self.settle_query_prepare(own, Prepared::No),
+                    // Refused: for a name a client statement took (it may be anything), or
+                    // without the schema. Not tried again before a DISCARD or DEALLOCATE ALL
+                    // (every Query would fail one more PREPARE, logged as an error); the
+                    // extended protocol closes the name and prepares it in its own way.
+                    b'E' => self.settle_query_prepare(own, Prepared::Unknown),
                     // Not counted as answered: the dispatcher never counted it as sent.
                     b'Z' => {
                         self.pending.pop_front();

@@ -122,7 +122,13 @@ impl Cluster {
 
     /// Everything the server has logged so far; handy in assertion messages.
     pub fn server_log(&self) -> String {
-        fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+        // Lossy: a test's non-UTF-8 names reach the log as the client sent them.
+        String::from_utf8_lossy(&self.server_log_bytes()).into_owned()
+    }
+
+    /// The server log as bytes: offsets into it stay put as it grows.
+    pub fn server_log_bytes(&self) -> Vec<u8> {
+        fs::read(self.root.join("server.log")).unwrap_or_default()
     }
 
     /// A superuser connection over the Unix socket. It bypasses whatever TCP rules a test put in

@@ -306,3 +306,39 @@ async fn a_fatal_during_the_guards_prepare_reaches_the_client() {
     locker.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(codes(&got), ["57P01"], "{got:?}");
 }
+
+/// pgfence's own PREPARE stays unseen even where Postgres reports every statement to the
+/// client (`log_statement = all`, `client_min_messages = log`): the client sees the LOG of
+/// its own statement only, as straight to Postgres.
+#[tokio::test]
+async fn the_guards_prepare_logs_nothing_to_the_client() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let options = [("options", "-c client_min_messages=log -c log_statement=all")];
+    let mut notices = Vec::new();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut raw = f.raw(port, "5", &options).await;
+        let replies = raw.simple("SELECT 1").await;
+        notices.push(replies.iter().filter(|m| m.tag == b'N').count());
+    }
+    assert_eq!(notices, [1, 1], "through pgfence, then straight to Postgres");
+}
+
+/// In a database without the schema the PREPARE fails once per session, not before every
+/// Query (each failure is an error in the server's log).
+#[tokio::test]
+async fn without_the_schema_the_guard_is_prepared_once_per_session() {
+    let (cluster, db, proxy) = super::writes_without_init_get_pf005(NO_LEASE).await;
+    let s = crate::common::pg::connect(proxy.port(), &db, "-c pgfence.epoch=5").await;
+    let pid: i32 = s.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    // Only what is logged from here: another test's backend may have had this pid before.
+    let from = cluster.server_log_bytes().len();
+    for _ in 0..3 {
+        s.batch_execute("SELECT 1").await.unwrap();
+    }
+    let log = String::from_utf8_lossy(&cluster.server_log_bytes()[from..]).into_owned();
+    let tried = log
+        .lines()
+        .filter(|l| l.contains(&format!("[{pid}]")) && l.contains("PREPARE pgfence_guard"))
+        .count();
+    assert_eq!(tried, 1, "{log}");
+}
