@@ -119,23 +119,11 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
 /// Whether an ErrorResponse body says the session ends (severity FATAL or PANIC; the
 /// non-localised `V` field where the server sends it, else `S`).
 pub fn ends_session(body: &[u8]) -> bool {
-    let mut r = Body::new(body);
-    let mut severity = None;
-    while let Some(field) = r.u8() {
-        if field == 0 {
-            break;
-        }
-        let Some(value) = r.cstr() else { break };
-        match field {
-            b'V' => {
-                severity = Some(value);
-                break;
-            }
-            b'S' => severity = Some(value),
-            _ => {}
-        }
-    }
-    matches!(severity, Some(b"FATAL" | b"PANIC"))
+    let Some(fields) = error_fields(body) else {
+        return false;
+    };
+    let field = |which: u8| fields.iter().find(|(f, _)| *f == which).map(|(_, v)| *v);
+    matches!(field(b'V').or_else(|| field(b'S')), Some(b"FATAL" | b"PANIC"))
 }
 
 /// The fields of an ErrorResponse or NoticeResponse body, in order; `None` when malformed.
@@ -236,6 +224,8 @@ pub fn client_encoding_hides_backslash(body: &[u8]) -> Option<bool> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn an_error_that_ends_the_session_is_known_by_its_severity() {
         let err = |fields: &[(u8, &str)]| {
@@ -248,14 +238,12 @@ mod tests {
             b.push(0);
             b
         };
-        assert!(super::ends_session(&err(&[(b'S', "FATAL"), (b'C', "57P01")])));
-        assert!(super::ends_session(&err(&[(b'S', "PANIK"), (b'V', "PANIC")])));
-        assert!(!super::ends_session(&err(&[(b'S', "FATAL"), (b'V', "ERROR")])));
-        assert!(!super::ends_session(&err(&[(b'S', "ERROR"), (b'C', "42883")])));
-        assert!(!super::ends_session(b"S"));
+        assert!(ends_session(&err(&[(b'S', "FATAL"), (b'C', "57P01")])));
+        assert!(ends_session(&err(&[(b'S', "PANIK"), (b'V', "PANIC")])));
+        assert!(!ends_session(&err(&[(b'S', "FATAL"), (b'V', "ERROR")])));
+        assert!(!ends_session(&err(&[(b'S', "ERROR"), (b'C', "42883")])));
+        assert!(!ends_session(b"S"));
     }
-
-    use super::*;
 
     #[test]
     fn error_with_position_changes_only_the_position() {

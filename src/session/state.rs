@@ -269,8 +269,8 @@ pub enum Unit {
     /// FunctionCall.
     FunctionCall,
     /// pgfence's own Query (SQL `PREPARE` of its statement), sent ahead of a client's Query
-    /// while nothing was in flight and no transaction open: every reply to it is swallowed,
-    /// its ReadyForQuery included.
+    /// between transactions ([`Shared::between_transactions`]): every reply to it is
+    /// swallowed, its notices and ReadyForQuery included (a FATAL reaches the client).
     OwnQuery(OwnStatement),
     /// Parse; the client's carry the definition it makes, and how the text sent was made
     /// from theirs when it is not theirs.
@@ -1130,7 +1130,8 @@ impl Shared {
                     // Counted as sent when dispatched, as a Sync is: answered now, as it
                     // never will be.
                     Some(Unit::Query { .. } | Unit::FunctionCall) => self.answered += 1,
-                    // Never sent behind anything (see [`Unit::OwnQuery`]); not counted.
+                    // Sent only after a Sync (see [`Unit::OwnQuery`]), so not skipped in
+                    // practice; never counted as sent.
                     Some(Unit::OwnQuery(s)) => self.settle_query_prepare(s, Prepared::No),
                     Some(Unit::Bind(_, _, Some(r))) => {
                         self.bind_answered(&r.portal);
