@@ -422,6 +422,32 @@ pub(super) fn defines_a_reader(text: &str, lexing: Lexing) -> bool {
     defines && !has_dml_keyword(text, lexing)
 }
 
+/// Whether a statement sqlparser could not parse only creates a new table from a column
+/// list: `CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE [IF NOT EXISTS] name
+/// ( … ) …`, such as `(LIKE t INCLUDING ALL)`, which copies a table's shape and writes
+/// nothing of it. Not when the new table joins another's rows (`INHERITS`; `PARTITION OF`
+/// stands where the column list would), not `… AS query`, and not with any
+/// data-modifying keyword.
+pub(super) fn creates_a_table(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    if !c.eat_word("create") {
+        return false;
+    }
+    let _ = c.eat_word("global") || c.eat_word("local");
+    let _ = c.eat_word("temp") || c.eat_word("temporary") || c.eat_word("unlogged");
+    if !c.eat_word("table") {
+        return false;
+    }
+    if c.eat_word("if") && !(c.eat_word("not") && c.eat_word("exists")) {
+        return false;
+    }
+    if c.name().is_none() || !c.eat_punct(b'(') || !c.skip_parens() {
+        return false;
+    }
+    let after = c.toks.all(|t| !t.is_word(text, "inherits") && !t.is_word(text, "as"));
+    after && !has_dml_keyword(text, lexing)
+}
+
 /// Whether a data-modifying keyword appears outside strings. Only `FOR UPDATE`
 /// and `FOR NO KEY UPDATE` are row locks: `key` alone is a legal column name,
 /// and `… CYCLE n SET c USING key UPDATE t …` runs an UPDATE (`FOR` is

@@ -456,7 +456,9 @@ impl<'a> Ctx<'a> {
         if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
             return StmtKind::Other;
         }
-        if first == "create" && forms::defines_a_reader(text, self.lexing) {
+        if first == "create"
+            && (forms::defines_a_reader(text, self.lexing) || forms::creates_a_table(text, self.lexing))
+        {
             return StmtKind::Other;
         }
         self.dml_write(text).unwrap_or_else(|| self.unanalysable_if_named(span))
