@@ -484,6 +484,15 @@ pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
     c.peek_is_word("owned") || c.toks.any(|t| t.is_word(text, "cascade"))
 }
 
+/// Whether an ALTER changes an object that is not a table and cannot reach one's rows or
+/// definition: `ALTER SEQUENCE … OWNED BY t.col` (which pg_dump writes for every serial
+/// column) ties a sequence to a table, and `ALTER PUBLICATION … ADD TABLE t` only lists
+/// it for replication. (`CASCADE` is handled before this.)
+pub(super) fn alters_a_sequence_or_publication(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    c.eat_word("alter") && (c.eat_word("sequence") || c.eat_word("publication"))
+}
+
 /// The tables a DML/DDL statement sqlparser could not parse changes, read
 /// from its fixed prefix: `INSERT INTO t`, `UPDATE [ONLY] t`, `DELETE FROM
 /// [ONLY] t`, `MERGE INTO [ONLY] t`, `ALTER TABLE [IF EXISTS] [ONLY] t`,

@@ -402,6 +402,9 @@ impl<'a> Ctx<'a> {
             };
             return all.into_write(self.fences);
         }
+        if first == "alter" && forms::alters_a_sequence_or_publication(text, self.lexing) {
+            return StmtKind::Other;
+        }
         if READ_QUERY.contains(&first) && !forms::has_dml_keyword(text, self.lexing) {
             return StmtKind::Other;
         }

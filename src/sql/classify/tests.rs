@@ -212,6 +212,21 @@ const ROWS: &[(&str, &str)] = &[
     ("CREATE TABLE t2 AS SELECT * FROM invoices", "other"),
     ("CREATE TABLE t2 AS EXECUTE p", "execute p"),
     ("CREATE TABLE t2 (LIKE invoices)", "other"),
+    // What pg_dump writes beside a fenced table's definition.
+    (
+        "ALTER SEQUENCE public.invoices_id_seq OWNED BY public.invoices.id",
+        "other",
+    ),
+    ("ALTER SEQUENCE IF EXISTS s OWNED BY billing.ledger.id", "other"),
+    ("ALTER PUBLICATION p ADD TABLE ONLY public.invoices", "other"),
+    (
+        "ALTER PUBLICATION p SET TABLE invoices WHERE (a > 1), billing.ledger",
+        "other",
+    ),
+    (
+        "ALTER SEQUENCE s OWNED BY invoices.id CASCADE",
+        "write:invoices,ledger,Mixed",
+    ),
     // (sqlparser does not read these: the lexer finds only a new table's column list.)
     ("CREATE TABLE t2 (LIKE invoices INCLUDING ALL)", "other"),
     (
