@@ -1,4 +1,4 @@
-//! Real tools through pgfence: psql and pgbench.
+//! Real tools through pgfence: psql, pgbench, pg_dump and pg_restore.
 
 use std::process::Command;
 
@@ -134,4 +134,73 @@ async fn pgbench_runs_every_mode_through_pgfence() {
             );
         }
     }
+}
+
+/// pg_dump's own output restored through pgfence into a database whose tables are
+/// fenced: refused as a whole without an epoch (and `-1` leaves nothing behind), restored
+/// whole with one, serial sequences' ownership and a publication included (pg_dump writes
+/// `ALTER SEQUENCE … OWNED BY` and `ALTER PUBLICATION … ADD TABLE` for them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_restore_of_a_dump_through_pgfence_needs_an_epoch_and_restores_whole() {
+    let cluster = Cluster::shared();
+    let source = cluster.fresh_db().await;
+    cluster
+        .admin(&source)
+        .await
+        .batch_execute(
+            "CREATE TABLE ledger (id serial PRIMARY KEY, note text);
+             CREATE TABLE accounts (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, owner text);
+             INSERT INTO ledger (note) SELECT 'n' || g FROM generate_series(1, 50) g;
+             INSERT INTO accounts (owner) VALUES ('a'), ('b');
+             SET client_min_messages = error;
+             CREATE PUBLICATION pub FOR TABLE ledger;",
+        )
+        .await
+        .unwrap();
+    let dir = crate::common::unique_temp_dir("pg-restore");
+    let dump = dir.join("source.dump");
+    let port = cluster.port().to_string();
+    let mut cmd = Command::new(cluster.bin("pg_dump"));
+    cmd.args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f"])
+        .arg(&dump)
+        .arg(&source);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let toml = "[[fence]]\nname = \"books\"\ntables = [\"public.ledger\", \"public.accounts\"]\n";
+    let proxy = Proxy::start(cluster.port(), toml).await;
+    let restore = |db: String, port: u16, options: &'static str| {
+        let mut cmd = Command::new(cluster.bin("pg_restore"));
+        cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "-1", "-d"])
+            .arg(&db)
+            .arg(&dump)
+            .env("PGOPTIONS", options);
+        run(cmd)
+    };
+    let shape = "SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM accounts), \
+                 pg_get_serial_sequence('public.ledger', 'id') IS NOT NULL, \
+                 (SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pub')";
+    let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'";
+    for port in [proxy.port(), cluster.port()] {
+        let target = cluster.fresh_db().await;
+        let mut admin = cluster.admin(&target).await;
+        crate::fencing::install(&mut admin, cluster.port(), toml).await;
+        if port == proxy.port() {
+            let out = restore(target.clone(), port, "").await;
+            assert!(!out.status.success());
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("without an epoch"),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let left: i64 = admin.query_one(tables, &[]).await.unwrap().get(0);
+            assert_eq!(left, 0, "a refused restore leaves nothing behind");
+        }
+        let out = restore(target.clone(), port, "-c pgfence.epoch=1").await;
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let row = admin.query_one(shape, &[]).await.unwrap();
+        let got: (i64, i64, bool, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        assert_eq!(got, (50, 2, true, 1), "port {port}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
