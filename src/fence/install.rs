@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -53,6 +53,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 5,
         name: "0005_hwm_changes",
         sql: include_str!("sql/0005_hwm_changes.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "0006_inline_guard",
+        sql: include_str!("sql/0006_inline_guard.sql"),
     },
 ];
 

@@ -62,6 +62,13 @@
 //!    bump itself), before it commits; the short path reads the sequence after taking the
 //!    lock shared, and keeps the value it read before its last read of the row in
 //!    `pgfence.guard_checked`. An unchanged value means no change began since that read.
+//! 8. The inline guard (`0006_inline_guard.sql`): that last case is an SQL expression.
+//!    `pgfence.guard` is a `LANGUAGE sql` function that Postgres inlines into pgfence's
+//!    prepared guard statement (shared lock, count, return, with the caller's rights);
+//!    everything else calls `pgfence.guard_slow` (version 5's guard, renamed). A change
+//!    counts itself with `setval` under a short lock (`pgfence.count_change`), which leaves
+//!    the session's `lastval()` alone. A read-only transaction returns at once: its write
+//!    fails with Postgres' own error.
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

@@ -162,6 +162,69 @@ async fn init_upgrades_a_version_1_schema_and_keeps_the_hwm() {
     );
 }
 
+/// An upgrade from schema version 5 under live sessions: statements they prepared before
+/// it and the counts they recorded carry over, and a takeover after it still refuses the
+/// old epoch in both protocols.
+#[tokio::test]
+async fn init_upgrades_a_version_5_schema_under_live_sessions() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "BEGIN; CREATE SCHEMA pgfence;
+             CREATE TABLE pgfence.schema_version (version integer PRIMARY KEY, name text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now());
+             {}{}{}{}{}
+             INSERT INTO pgfence.schema_version (version, name)
+               VALUES (1, '0001_init'), (2, '0002_fast_guard'), (3, '0003_guard_locks'),
+                      (4, '0004_current_epoch'), (5, '0005_hwm_changes');
+             COMMIT",
+            include_str!("../../../src/fence/sql/0001_init.sql"),
+            include_str!("../../../src/fence/sql/0002_fast_guard.sql"),
+            include_str!("../../../src/fence/sql/0003_guard_locks.sql"),
+            include_str!("../../../src/fence/sql/0004_current_epoch.sql"),
+            include_str!("../../../src/fence/sql/0005_hwm_changes.sql"),
+        ))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
+    let old = connect(proxy.port(), &db, "-c pgfence.epoch=5").await;
+    // The bump, the read of the row, then the count: every path of version 5's guard.
+    for _ in 0..3 {
+        old.execute(WRITE, &[]).await.unwrap();
+        old.batch_execute(WRITE).await.unwrap();
+    }
+    install(&mut admin, cluster.port(), NO_LEASE).await;
+    let version: i32 = admin
+        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pgfence::fence::install::SCHEMA_VERSION);
+    for _ in 0..3 {
+        old.execute(WRITE, &[]).await.unwrap();
+        old.batch_execute(WRITE).await.unwrap();
+    }
+    connect(proxy.port(), &db, "-c pgfence.epoch=6")
+        .await
+        .execute(WRITE, &[])
+        .await
+        .unwrap();
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
+    assert_eq!(code(&old.batch_execute(WRITE).await), "PF001");
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(
+        connect(cluster.port(), &db, "")
+            .await
+            .execute(WRITE, &[])
+            .await
+            .unwrap(),
+        1
+    );
+}
+
 /// A database whose encoding is LATIN1: `pgfence init` and every call pgfence sends convert
 /// to it (they are ASCII), and the guard and pgfence's own refusals keep their SQLSTATEs.
 #[tokio::test]

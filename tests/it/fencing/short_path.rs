@@ -133,8 +133,12 @@ async fn a_disabled_lease_trigger_is_noticed_after_the_short_path_ran() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
+/// Version 6: in the steady state the guard is an inlined expression, not a PL/pgSQL
+/// call. The bump goes to the full guard; the first call after it reads the row in
+/// `guard_slow` and records the count; later calls call no PL/pgSQL function at all. A
+/// stale epoch still reaches the full guard, which refuses it.
 #[tokio::test]
-async fn the_steady_state_skips_the_full_guard() {
+async fn the_steady_state_calls_no_plpgsql_function() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
     let direct = f.direct().await;
     let calls = |name: &'static str| {
@@ -150,19 +154,47 @@ async fn the_steady_state_skips_the_full_guard() {
                 .get::<_, i64>(0)
         }
     };
+    // Counts not yet flushed stay in the view after a commit: compare differences.
+    let both = || async { (calls("guard_slow").await, calls("guard_full").await) };
+    let since = |(a, b): (i64, i64), (c, d): (i64, i64)| (c - a, d - b);
+    let guard = "SELECT pgfence.guard('sweeper', 5, NULL, true)";
     direct
         .batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
         .await
         .unwrap();
+    let start = both().await;
+    direct.batch_execute(guard).await.unwrap();
+    assert_eq!(since(start, both().await), (1, 1), "the bump");
+    direct.batch_execute("COMMIT").await.unwrap();
+    direct
+        .batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
+        .await
+        .unwrap();
+    let start = both().await;
     for _ in 0..4 {
+        direct.batch_execute(guard).await.unwrap();
+    }
+    assert_eq!(since(start, both().await), (1, 0), "one read, then inline");
+    // Prepared, as pgfence runs it, too.
+    let prepared = direct.prepare("SELECT pgfence.guard($1, $2, $3, $4)").await.unwrap();
+    for _ in 0..8 {
         direct
-            .batch_execute("SELECT pgfence.guard('sweeper', 5, NULL, true)")
+            .execute(&prepared, &[&"sweeper", &5i64, &None::<&str>, &true])
             .await
             .unwrap();
     }
-    // The first call bumps (full guard); the other three pass on the short path.
-    assert_eq!((calls("guard").await, calls("guard_full").await), (4, 1));
-    // A stale epoch always reaches the full guard, which refuses it.
+    assert_eq!(since(start, both().await), (1, 0), "prepared");
+    // Still under the fence's lock, held shared to the transaction's end.
+    let held: i64 = f
+        .admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1);
     direct.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
         code(
@@ -341,4 +373,168 @@ async fn an_application_role_needs_only_what_init_grants() {
             .unwrap(),
         1
     );
+}
+
+/// Without a lease the steady state runs inline with the caller's rights: an application
+/// role still needs nothing beyond what `init` grants, on every path of the guard.
+#[tokio::test]
+async fn without_a_lease_an_application_role_needs_only_what_init_grants() {
+    use crate::common::pg::{config, connect_config};
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let role = format!("app_{}", f.db);
+    f.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role};"
+        ))
+        .await
+        .unwrap();
+    let as_app = |epoch: i64| {
+        let mut c = config(f.proxy.port(), &f.db);
+        c.user(&role).options(format!("-c pgfence.epoch={epoch}"));
+        async move { connect_config(&c).await.unwrap() }
+    };
+    let app = as_app(3).await;
+    // The bump, the read of the row, then the inline path, in both protocols.
+    for _ in 0..3 {
+        app.execute(WRITE, &[]).await.unwrap();
+        app.batch_execute(WRITE).await.unwrap();
+    }
+    as_app(4).await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(code(&app.execute(WRITE, &[]).await), "PF001");
+    assert_eq!(code(&app.batch_execute(WRITE).await), "PF001");
+    // Control: straight to Postgres the same role's stale write lands.
+    let mut direct = config(f.cluster.port(), &f.db);
+    direct.user(&role);
+    assert_eq!(
+        connect_config(&direct)
+            .await
+            .unwrap()
+            .execute(WRITE, &[])
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// Counting a change of the HWM leaves the session's `lastval()` alone: after a new
+/// leader's first write it is still the id the client's own INSERT drew, for a role with
+/// no rights on pgfence's sequence too, and a session that drew none still has none.
+#[tokio::test]
+async fn counting_a_bump_leaves_lastval_to_the_client() {
+    use crate::common::pg::{config, connect_config};
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let role = format!("app_{}", f.db);
+    f.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role}; \
+             GRANT SELECT, INSERT ON audit TO {role}; GRANT USAGE ON SEQUENCE audit_id_seq TO {role};"
+        ))
+        .await
+        .unwrap();
+    let connect_as = |port: u16, epoch: i64| {
+        let mut c = config(port, &f.db);
+        c.user(&role).options(format!("-c pgfence.epoch={epoch}"));
+        async move { connect_config(&c).await.unwrap() }
+    };
+    let insert_then_write = "BEGIN; INSERT INTO audit (note) VALUES ('a'); \
+                             UPDATE sweep_state SET note = 'w' WHERE id = 1";
+    for (epoch, port) in [(5, f.proxy.port()), (7, f.proxy.port()), (9, f.cluster.port())] {
+        // Through pgfence each epoch's first write bumps the HWM; straight to Postgres the same.
+        let c = connect_as(port, epoch).await;
+        c.batch_execute(insert_then_write).await.unwrap();
+        let (id, last): (i32, i64) = {
+            let row = c.query_one("SELECT max(id), lastval() FROM audit", &[]).await.unwrap();
+            (row.get(0), row.get(1))
+        };
+        assert_eq!(last, i64::from(id), "epoch {epoch}, port {port}");
+        c.batch_execute("COMMIT").await.unwrap();
+        let fresh = connect_as(port, epoch + 1).await;
+        fresh.batch_execute(WRITE).await.unwrap();
+        assert_eq!(code(&fresh.query_one("SELECT lastval()", &[]).await), "55000");
+    }
+    // A hand-made change counts in the changing session too, with the same care.
+    let admin = &f.admin;
+    admin
+        .batch_execute("UPDATE pgfence.fence SET hwm = hwm + 1")
+        .await
+        .unwrap();
+    assert_eq!(code(&admin.query_one("SELECT lastval()", &[]).await), "55000");
+}
+
+/// A write in a read-only transaction gets Postgres' own error, as it does directly,
+/// rather than one from inside the guard. Read-only cannot be undone except by a rollback
+/// to a savepoint, after which the guard runs again.
+#[tokio::test]
+async fn a_read_only_transaction_gets_postgres_own_error() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let direct = f.direct().await;
+    let message = |r: Result<u64, tokio_postgres::Error>| {
+        let e = r.unwrap_err();
+        let db = e.as_db_error().unwrap();
+        (
+            db.code().code().to_owned(),
+            db.message().to_owned(),
+            db.where_().map(str::to_owned),
+        )
+    };
+    let expected = (
+        "25006".to_owned(),
+        "cannot execute UPDATE in a read-only transaction".to_owned(),
+        None,
+    );
+    for c in [f.leader(3).await, f.leader(3).await, direct] {
+        // The first write of the epoch (the bump path), then the steady state.
+        for _ in 0..2 {
+            c.batch_execute("BEGIN READ ONLY").await.unwrap();
+            assert_eq!(message(c.execute(WRITE, &[]).await), expected);
+            c.batch_execute("ROLLBACK").await.unwrap();
+        }
+        c.execute(WRITE, &[]).await.unwrap();
+    }
+    let stale = f.leader(2).await;
+    stale
+        .batch_execute("BEGIN; SAVEPOINT s; SET TRANSACTION READ ONLY")
+        .await
+        .unwrap();
+    assert_eq!(code(&stale.execute(WRITE, &[]).await), "25006");
+    stale.batch_execute("ROLLBACK TO s").await.unwrap();
+    assert_eq!(code(&stale.execute(WRITE, &[]).await), "PF001");
+    stale.batch_execute("ROLLBACK").await.unwrap();
+    // Control: straight to Postgres, the stale write after the rollback lands.
+    let control = f.direct().await;
+    control
+        .batch_execute("BEGIN; SAVEPOINT s; SET TRANSACTION READ ONLY")
+        .await
+        .unwrap();
+    assert_eq!(code(&control.execute(WRITE, &[]).await), "25006");
+    control.batch_execute("ROLLBACK TO s").await.unwrap();
+    assert_eq!(control.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// Counting a change takes its lock only for the count: a takeover of one fence does not
+/// wait for another fence's takeover to commit (it would, and could deadlock with the row
+/// locks the two transactions take next, if the count's lock were held to commit).
+#[tokio::test]
+async fn bumps_of_two_fences_do_not_wait_for_each_other() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let (a, b) = (f.direct().await, f.direct().await);
+    a.batch_execute("BEGIN; SELECT pgfence.guard('sweeper', 5, NULL, true)")
+        .await
+        .unwrap();
+    let other = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        b.batch_execute("BEGIN; SELECT pgfence.guard('other', 5, NULL, true); COMMIT"),
+    )
+    .await;
+    assert!(matches!(other, Ok(Ok(()))), "{other:?}");
+    a.batch_execute("COMMIT").await.unwrap();
+    let hwms: Vec<(String, i64)> = f
+        .admin
+        .query("SELECT name, hwm FROM pgfence.fence ORDER BY name", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(hwms, [("other".to_owned(), 5), ("sweeper".to_owned(), 5)]);
 }

@@ -233,7 +233,7 @@ async fn rewrite_guard_runs_in_every_transaction() {
 /// statistics (which carry over between transactions until a flush).
 async fn guard_calls(c: &Client) -> i64 {
     c.query_one(
-        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions WHERE funcname = 'guard'",
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions WHERE funcname = 'guard_slow'",
         &[],
     )
     .await
