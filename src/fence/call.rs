@@ -43,7 +43,7 @@ pub const REJECT_PARAM_TYPES: [u32; 3] = [25, 25, 25];
 /// nothing is raised and the `EXECUTE` fails as Postgres fails it (26000); with one (made
 /// where pgfence cannot see, inside a function or `DO`), the rejection stands.
 pub const REJECT_IF_PREPARED_SQL: &str =
-    "SELECT pgfence.reject($1, $2, $3) FROM pg_catalog.pg_prepared_statements WHERE name = $4";
+    "SELECT pgfence.reject($1, $2, $3) FROM pg_catalog.pg_prepared_statements WHERE name OPERATOR(pg_catalog.=) $4";
 
 /// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: text, text, text, text.
 pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 4] = [25, 25, 25, 25];
@@ -112,7 +112,7 @@ pub fn reject_call(code: &str, message: &str, hint: &str) -> String {
 /// for the simple protocol (see [`REJECT_IF_PREPARED_SQL`]).
 pub fn reject_if_prepared_call(name: &str, code: &str, message: &str, hint: &str) -> String {
     let mut sql = reject_call(code, message, hint);
-    sql.push_str(" FROM pg_catalog.pg_prepared_statements WHERE name = ");
+    sql.push_str(" FROM pg_catalog.pg_prepared_statements WHERE name OPERATOR(pg_catalog.=) ");
     push_literal(&mut sql, name);
     sql
 }
@@ -221,7 +221,7 @@ mod tests {
     fn reject_if_prepared_call_quotes_the_name() {
         assert_eq!(
             reject_if_prepared_call("it's", "PF004", "m", ""),
-            "SELECT pgfence.reject('PF004', 'm', '') FROM pg_catalog.pg_prepared_statements WHERE name = 'it''s'"
+            "SELECT pgfence.reject('PF004', 'm', '') FROM pg_catalog.pg_prepared_statements WHERE name OPERATOR(pg_catalog.=) 'it''s'"
         );
     }
 

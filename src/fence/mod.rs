@@ -67,8 +67,7 @@
 //!    prepared guard statement (shared lock, count, return, with the caller's rights);
 //!    everything else calls `pgfence.guard_slow` (version 5's guard, renamed). A change
 //!    counts itself with `setval` under a short lock (`pgfence.count_change`), which leaves
-//!    the session's `lastval()` alone. A read-only transaction returns at once: its write
-//!    fails with Postgres' own error.
+//!    the session's `lastval()` alone.
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

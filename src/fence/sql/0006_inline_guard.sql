@@ -22,12 +22,11 @@
 -- * CASE evaluates its conditions in order, and only as far as needed; that is what puts the
 --   lock before the count (the count must be read under the lock). Volatile calls are never
 --   evaluated at planning. If the lock's result were ever NULL, the slow path would run.
--- * In a read-only transaction it returns at once: the write will fail with Postgres' own
---   error, where the full guard's locking read failed first, naming itself.
 -- * The expression runs with the caller's rights, so PUBLIC may now read the count
 --   (SELECT on a sequence allows reading it, not advancing or setting it). The fence rows, the
 --   HWM and every decision that can let a new epoch through stay with the SECURITY DEFINER
---   functions. Every name in the expression is schema-qualified, operators included: an
+--   functions. Every name in the expression is schema-qualified, operators included, and it
+--   uses no construct that looks an operator up by name (IS DISTINCT FROM, IN, BETWEEN): an
 --   inlined body is parsed with the caller's search_path.
 --
 -- And the count no longer touches the session's lastval(). Version 5 counted with nextval()
@@ -48,12 +47,6 @@ CREATE FUNCTION pgfence.guard(p_fence text, p_epoch bigint, p_lease_table text D
     LANGUAGE sql VOLATILE
 AS $$
 SELECT CASE
-    -- A read-only transaction cannot write a fenced table: the write itself fails with
-    -- Postgres' own 25006 (the only writes it allows are to temporary tables, which are not
-    -- the fenced ones). Read-only cannot be undone once the transaction has run a query,
-    -- other than by ROLLBACK TO a savepoint, which also undoes this call for pgfence.
-    WHEN pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-        THEN NULL::pg_catalog.void
     WHEN NOT COALESCE(
              p_fence IS NOT NULL AND p_epoch OPERATOR(pg_catalog.>=) 1 AND p_lease_table IS NULL
              AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed',
@@ -61,8 +54,9 @@ SELECT CASE
         THEN pgfence.guard_slow(p_fence, p_epoch, p_lease_table, p_keep_hwm)
     WHEN NOT p_keep_hwm
         THEN NULL::pg_catalog.void  -- rewrite mode without a lease: the rows carry the epochs
-    WHEN pg_catalog.current_setting('pgfence.guard_passed', true) IS DISTINCT FROM
-             (p_epoch::pg_catalog.text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) p_fence)
+    -- (Not IS DISTINCT FROM: it finds its = by the caller's search_path.)
+    WHEN NOT COALESCE(pg_catalog.current_setting('pgfence.guard_passed', true) OPERATOR(pg_catalog.=)
+             (p_epoch::pg_catalog.text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) p_fence), false)
         THEN pgfence.guard_slow(p_fence, p_epoch, p_lease_table, p_keep_hwm)
     WHEN pg_catalog.pg_advisory_xact_lock_shared(pgfence.lock_key(p_fence)) IS NULL
         THEN pgfence.guard_slow(p_fence, p_epoch, p_lease_table, p_keep_hwm)
@@ -239,3 +233,14 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The count starts at the install's time in microseconds (or stays, if higher): a schema
+-- dropped and installed again must not count from 1 again, where a live session may have
+-- recorded the same number against the old schema's fence rows.
+SELECT pg_catalog.setval('pgfence.hwm_changes',
+                         GREATEST(pg_catalog.pg_sequence_last_value('pgfence.hwm_changes'),
+                                  (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8),
+                         true);
+
+-- Version 5 left its trigger function to PUBLIC: only pgfence.fence's triggers use it.
+REVOKE ALL ON FUNCTION pgfence.fence_changed() FROM PUBLIC;

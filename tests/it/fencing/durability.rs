@@ -225,6 +225,26 @@ async fn init_upgrades_a_version_5_schema_under_live_sessions() {
     );
 }
 
+/// A schema dropped and installed again does not count changes from where a live session
+/// recorded its count: after a takeover on the new schema, that session's stale write is
+/// refused (the new count starts at the install's time in microseconds).
+#[tokio::test]
+async fn a_reinstalled_schema_does_not_repeat_a_recorded_count() {
+    let mut f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let old = f.leader(5).await;
+    for _ in 0..3 {
+        old.execute(WRITE, &[]).await.unwrap();
+        old.batch_execute(WRITE).await.unwrap();
+    }
+    f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
+    install(&mut f.admin, f.cluster.port(), NO_LEASE).await;
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
+    assert_eq!(code(&old.batch_execute(WRITE).await), "PF001");
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
 /// A database whose encoding is LATIN1: `pgfence init` and every call pgfence sends convert
 /// to it (they are ASCII), and the guard and pgfence's own refusals keep their SQLSTATEs.
 #[tokio::test]

@@ -208,6 +208,16 @@ async fn an_execute_of_an_unknown_name_fails_as_in_postgres_unless_prepared_unse
     let f = Fixture::at_epoch_two().await;
     let hidden =
         "DO $$ BEGIN EXECUTE 'PREPARE hidden AS UPDATE sweep_' || 'state SET note = ''stale'' WHERE id = 1'; END $$";
+    // A text = that finds nothing equal, for the session's search_path: pgfence's lookup of
+    // the name must not use it.
+    f.admin
+        .batch_execute(
+            "CREATE SCHEMA evil;
+             CREATE FUNCTION evil.no(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT false';
+             CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.no);",
+        )
+        .await
+        .unwrap();
     for port in [f.proxy.port(), f.cluster.port()] {
         let through = port == f.proxy.port();
         let s = connect(port, &f.db, "-c pgfence.epoch=1").await;
@@ -224,6 +234,9 @@ async fn an_execute_of_an_unknown_name_fails_as_in_postgres_unless_prepared_unse
             );
         }
         s.batch_execute(hidden).await.unwrap();
+        s.batch_execute("SET search_path = evil, pg_catalog, public")
+            .await
+            .unwrap();
         if through {
             assert_eq!(code(&s.batch_execute("EXECUTE hidden").await), "PF004");
             assert_eq!(code(&s.execute("EXECUTE hidden", &[]).await), "PF004");
