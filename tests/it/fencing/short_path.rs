@@ -345,24 +345,38 @@ async fn a_hand_made_change_waits_for_writers_past_the_short_path() {
     assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF001");
 }
 
+/// A login role for `f`'s database with UPDATE on `sweep_state` and these further grants
+/// (`{role}` names it), as an application would have.
+async fn app_role(f: &Fixture, grants: &str) -> String {
+    let role = format!("app_{}", f.db);
+    let grants = grants.replace("{role}", &role);
+    f.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role}; {grants}"
+        ))
+        .await
+        .unwrap();
+    role
+}
+
+/// A session as `role` on `port` (pgfence's or Postgres'), declaring `epoch` if given.
+async fn connect_as(f: &Fixture, port: u16, role: &str, epoch: Option<i64>) -> tokio_postgres::Client {
+    use crate::common::pg::{config, connect_config};
+    let mut c = config(port, &f.db);
+    c.user(role);
+    if let Some(epoch) = epoch {
+        c.options(format!("-c pgfence.epoch={epoch}"));
+    }
+    connect_config(&c).await.unwrap()
+}
+
 /// An application role needs no grant on the `pgfence` schema beyond what `init` gives
 /// everyone: both guards run with the installer's rights, on the short path and off it.
 #[tokio::test]
 async fn an_application_role_needs_only_what_init_grants() {
-    use crate::common::pg::{config, connect_config};
     let f = Fixture::new().await;
-    let role = format!("app_{}", f.db);
-    f.admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role};"
-        ))
-        .await
-        .unwrap();
-    let as_app = |epoch: i64| {
-        let mut c = config(f.proxy.port(), &f.db);
-        c.user(&role).options(format!("-c pgfence.epoch={epoch}"));
-        async move { connect_config(&c).await.unwrap() }
-    };
+    let role = app_role(&f, "").await;
+    let as_app = |epoch: i64| connect_as(&f, f.proxy.port(), &role, Some(epoch));
     let e1 = f.takeover("a").await;
     let app = as_app(e1).await;
     for _ in 0..3 {
@@ -381,37 +395,17 @@ async fn an_application_role_needs_only_what_init_grants() {
         "42501"
     );
     // Control: straight to Postgres the same role's stale write lands.
-    let mut direct = config(f.cluster.port(), &f.db);
-    direct.user(&role);
-    assert_eq!(
-        connect_config(&direct)
-            .await
-            .unwrap()
-            .execute(WRITE, &[])
-            .await
-            .unwrap(),
-        1
-    );
+    let direct = connect_as(&f, f.cluster.port(), &role, None).await;
+    assert_eq!(direct.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
 /// Without a lease the steady state runs inline with the caller's rights: an application
 /// role still needs nothing beyond what `init` grants, on every path of the guard.
 #[tokio::test]
 async fn without_a_lease_an_application_role_needs_only_what_init_grants() {
-    use crate::common::pg::{config, connect_config};
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
-    let role = format!("app_{}", f.db);
-    f.admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role};"
-        ))
-        .await
-        .unwrap();
-    let as_app = |epoch: i64| {
-        let mut c = config(f.proxy.port(), &f.db);
-        c.user(&role).options(format!("-c pgfence.epoch={epoch}"));
-        async move { connect_config(&c).await.unwrap() }
-    };
+    let role = app_role(&f, "").await;
+    let as_app = |epoch: i64| connect_as(&f, f.proxy.port(), &role, Some(epoch));
     let app = as_app(3).await;
     // The bump, the read of the row, then the inline path, in both protocols.
     for _ in 0..3 {
@@ -431,17 +425,8 @@ async fn without_a_lease_an_application_role_needs_only_what_init_grants() {
         assert_eq!(code(&app.batch_execute(sql).await), "42501", "{sql}");
     }
     // Control: straight to Postgres the same role's stale write lands.
-    let mut direct = config(f.cluster.port(), &f.db);
-    direct.user(&role);
-    assert_eq!(
-        connect_config(&direct)
-            .await
-            .unwrap()
-            .execute(WRITE, &[])
-            .await
-            .unwrap(),
-        1
-    );
+    let direct = connect_as(&f, f.cluster.port(), &role, None).await;
+    assert_eq!(direct.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
 /// Counting a change of the HWM leaves the session's `lastval()` alone: after a new
@@ -449,26 +434,17 @@ async fn without_a_lease_an_application_role_needs_only_what_init_grants() {
 /// no rights on pgfence's sequence too, and a session that drew none still has none.
 #[tokio::test]
 async fn counting_a_bump_leaves_lastval_to_the_client() {
-    use crate::common::pg::{config, connect_config};
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
-    let role = format!("app_{}", f.db);
-    f.admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; GRANT SELECT, UPDATE ON sweep_state TO {role}; \
-             GRANT SELECT, INSERT ON audit TO {role}; GRANT USAGE ON SEQUENCE audit_id_seq TO {role};"
-        ))
-        .await
-        .unwrap();
-    let connect_as = |port: u16, epoch: i64| {
-        let mut c = config(port, &f.db);
-        c.user(&role).options(format!("-c pgfence.epoch={epoch}"));
-        async move { connect_config(&c).await.unwrap() }
-    };
+    let role = app_role(
+        &f,
+        "GRANT SELECT, INSERT ON audit TO {role}; GRANT USAGE ON SEQUENCE audit_id_seq TO {role};",
+    )
+    .await;
     let insert_then_write = "BEGIN; INSERT INTO audit (note) VALUES ('a'); \
                              UPDATE sweep_state SET note = 'w' WHERE id = 1";
     for (epoch, port) in [(5, f.proxy.port()), (7, f.proxy.port()), (9, f.cluster.port())] {
         // Through pgfence each epoch's first write bumps the HWM; straight to Postgres the same.
-        let c = connect_as(port, epoch).await;
+        let c = connect_as(&f, port, &role, Some(epoch)).await;
         c.batch_execute(insert_then_write).await.unwrap();
         let (id, last): (i32, i64) = {
             let row = c.query_one("SELECT max(id), lastval() FROM audit", &[]).await.unwrap();
@@ -476,7 +452,7 @@ async fn counting_a_bump_leaves_lastval_to_the_client() {
         };
         assert_eq!(last, i64::from(id), "epoch {epoch}, port {port}");
         c.batch_execute("COMMIT").await.unwrap();
-        let fresh = connect_as(port, epoch + 1).await;
+        let fresh = connect_as(&f, port, &role, Some(epoch + 1)).await;
         fresh.batch_execute(WRITE).await.unwrap();
         assert_eq!(code(&fresh.query_one("SELECT lastval()", &[]).await), "55000");
     }
