@@ -44,13 +44,22 @@ use dispatch::Dispatcher;
 use relay::End;
 use state::Shared;
 
+/// Socket options of both legs of a session: no Nagle delay (every message is flushed
+/// whole), and TCP keepalive with the system's timing, as Postgres and PgBouncer set it, so
+/// a peer whose host vanished is noticed and its session (with any transaction and fence
+/// lock it holds upstream) ends.
+pub(crate) fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = socket2::SockRef::from(stream).set_keepalive(true);
+}
+
 /// Serves one client connection until it ends. Never panics on input; every
 /// failure is reported to this client only.
 pub async fn serve(client: TcpStream, peer: SocketAddr, id: u64, ctx: Arc<ServerContext>) {
     let span = tracing::info_span!("session", session = id, %peer, user = tracing::field::Empty,
         db = tracing::field::Empty, epoch = tracing::field::Empty);
     let established = async {
-        let _ = client.set_nodelay(true);
+        tune(&client);
         startup::establish(client, &ctx).await
     }
     .instrument(span.clone())

@@ -182,7 +182,7 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
     let addr = ctx.config.upstream.as_str();
     match tokio::time::timeout(ctx.config.connect_timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
+            super::tune(&s);
             Ok(s)
         }
         Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(e.kind().to_string())),

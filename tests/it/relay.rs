@@ -268,3 +268,45 @@ async fn connection_limit_gives_53300() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     connect(proxy.port(), &db, "").await;
 }
+
+/// The TCP timer of the loopback socket from `local` to `remote` port, from /proc/net/tcp:
+/// 2 is keepalive, 0 none.
+fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = |addr: &str| u16::from_str_radix(addr.rsplit(':').next()?, 16).ok();
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (port(f[1]) == Some(local) && port(f[2]) == Some(remote))
+            .then(|| u8::from_str_radix(f[5].split(':').next().unwrap_or(""), 16).ok())
+            .flatten()
+    })
+}
+
+/// Both legs of a session have TCP keepalive on, as Postgres' own client sockets do, so a
+/// peer whose host vanished is noticed (with the system's timing) and its session ends.
+#[tokio::test]
+async fn both_legs_of_a_session_keep_alive() {
+    let (cluster, db, proxy) = setup().await;
+    // The client leg: pgfence's end of a connection to it.
+    let raw = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    let mine = raw.local_addr().unwrap().port();
+    // The upstream leg: pgfence's end of its connection to Postgres, found by its port.
+    let mut c = config(proxy.port(), &db);
+    c.application_name(format!("ka_{db}")).keepalives(false);
+    let (client, connection) = c.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let upstream: i32 = client
+        .query_one(
+            "SELECT client_port FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let upstream = u16::try_from(upstream).unwrap();
+    assert_eq!(tcp_timer(proxy.port(), mine), Some(2), "client leg");
+    assert_eq!(tcp_timer(upstream, cluster.port()), Some(2), "upstream leg");
+    // Control: the test's own socket to pgfence has none.
+    assert_eq!(tcp_timer(mine, proxy.port()), Some(0));
+    drop(raw);
+}
