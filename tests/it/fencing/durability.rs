@@ -104,6 +104,56 @@ async fn init_is_idempotent_and_keeps_the_hwm() {
     f.leader(e1).await.execute(WRITE, &[]).await.unwrap();
 }
 
+/// The migrations an older pgfence knew, in order (name, text).
+const OLD_MIGRATIONS: [(&str, &str); 5] = [
+    ("0001_init", include_str!("../../../src/fence/sql/0001_init.sql")),
+    (
+        "0002_fast_guard",
+        include_str!("../../../src/fence/sql/0002_fast_guard.sql"),
+    ),
+    (
+        "0003_guard_locks",
+        include_str!("../../../src/fence/sql/0003_guard_locks.sql"),
+    ),
+    (
+        "0004_current_epoch",
+        include_str!("../../../src/fence/sql/0004_current_epoch.sql"),
+    ),
+    (
+        "0005_hwm_changes",
+        include_str!("../../../src/fence/sql/0005_hwm_changes.sql"),
+    ),
+];
+
+/// What the install of a pgfence that knew schema versions 1 to `version` did: the
+/// bootstrap, those migrations and their version rows, then `extra`, in one transaction.
+async fn install_old_schema(admin: &tokio_postgres::Client, version: usize, extra: &str) {
+    let mut sql = String::from(
+        "BEGIN; CREATE SCHEMA pgfence;
+         CREATE TABLE pgfence.schema_version (version integer PRIMARY KEY, name text NOT NULL,
+           applied_at timestamptz NOT NULL DEFAULT now());",
+    );
+    for (i, (name, text)) in OLD_MIGRATIONS[..version].iter().enumerate() {
+        sql.push_str(text);
+        sql.push_str(&format!(
+            "\nINSERT INTO pgfence.schema_version (version, name) VALUES ({}, '{name}');\n",
+            i + 1
+        ));
+    }
+    sql.push_str(extra);
+    sql.push_str("; COMMIT");
+    admin.batch_execute(&sql).await.unwrap();
+}
+
+/// The schema version `init` left.
+async fn installed_version(admin: &tokio_postgres::Client) -> i32 {
+    admin
+        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// A database initialised by a pgfence that knew only schema version 1 is upgraded in
 /// place: its fences, HWM and lease trigger stay, and the new guard takes over.
 #[tokio::test]
@@ -112,27 +162,9 @@ async fn init_upgrades_a_version_1_schema_and_keeps_the_hwm() {
     let db = cluster.fresh_db().await;
     let mut admin = cluster.admin(&db).await;
     admin.batch_execute(SEED_SQL).await.unwrap();
-    // What version 1's install did: the bootstrap, migration 0001, its version row.
-    admin
-        .batch_execute(&format!(
-            "BEGIN; CREATE SCHEMA pgfence;
-             CREATE TABLE pgfence.schema_version (version integer PRIMARY KEY, name text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now());
-             {}
-             INSERT INTO pgfence.schema_version (version, name) VALUES (1, '0001_init');
-             INSERT INTO pgfence.fence (name, hwm) VALUES ('sweeper', 6);
-             COMMIT",
-            include_str!("../../../src/fence/sql/0001_init.sql")
-        ))
-        .await
-        .unwrap();
+    install_old_schema(&admin, 1, "INSERT INTO pgfence.fence (name, hwm) VALUES ('sweeper', 6)").await;
     install(&mut admin, cluster.port(), NO_LEASE).await;
-    let version: i32 = admin
-        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(version, pgfence::fence::install::SCHEMA_VERSION);
+    assert_eq!(installed_version(&admin).await, pgfence::fence::install::SCHEMA_VERSION);
     let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
     let s = connect(proxy.port(), &db, "-c pgfence.epoch=5").await;
     assert_eq!(
@@ -171,24 +203,7 @@ async fn init_upgrades_a_version_5_schema_under_live_sessions() {
     let db = cluster.fresh_db().await;
     let mut admin = cluster.admin(&db).await;
     admin.batch_execute(SEED_SQL).await.unwrap();
-    admin
-        .batch_execute(&format!(
-            "BEGIN; CREATE SCHEMA pgfence;
-             CREATE TABLE pgfence.schema_version (version integer PRIMARY KEY, name text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now());
-             {}{}{}{}{}
-             INSERT INTO pgfence.schema_version (version, name)
-               VALUES (1, '0001_init'), (2, '0002_fast_guard'), (3, '0003_guard_locks'),
-                      (4, '0004_current_epoch'), (5, '0005_hwm_changes');
-             COMMIT",
-            include_str!("../../../src/fence/sql/0001_init.sql"),
-            include_str!("../../../src/fence/sql/0002_fast_guard.sql"),
-            include_str!("../../../src/fence/sql/0003_guard_locks.sql"),
-            include_str!("../../../src/fence/sql/0004_current_epoch.sql"),
-            include_str!("../../../src/fence/sql/0005_hwm_changes.sql"),
-        ))
-        .await
-        .unwrap();
+    install_old_schema(&admin, 5, "").await;
     let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
     let old = connect(proxy.port(), &db, "-c pgfence.epoch=5").await;
     // The bump, the read of the row, then the count: every path of version 5's guard.
@@ -197,12 +212,7 @@ async fn init_upgrades_a_version_5_schema_under_live_sessions() {
         old.batch_execute(WRITE).await.unwrap();
     }
     install(&mut admin, cluster.port(), NO_LEASE).await;
-    let version: i32 = admin
-        .query_one("SELECT max(version) FROM pgfence.schema_version", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(version, pgfence::fence::install::SCHEMA_VERSION);
+    assert_eq!(installed_version(&admin).await, pgfence::fence::install::SCHEMA_VERSION);
     for _ in 0..3 {
         old.execute(WRITE, &[]).await.unwrap();
         old.batch_execute(WRITE).await.unwrap();
