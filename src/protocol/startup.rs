@@ -38,9 +38,16 @@ pub enum FirstPacket {
 pub struct StartupMessage {
     /// Minor protocol version the client asked for (major is always 3).
     pub minor: u16,
-    /// Parameters in the order sent, `_pq_.` protocol options included.
+    /// Parameters in the order sent, `_pq_.` protocol options included. Bytes that are
+    /// not UTF-8 read as U+FFFD here (so they match no name or value pgfence looks for);
+    /// Postgres gets them as sent (`verbatim`).
     pub params: Vec<(String, String)>,
+    /// `params` as sent.
+    verbatim: Vec<RawParam>,
 }
+
+/// A startup parameter's name and value as sent.
+type RawParam = (Vec<u8>, Vec<u8>);
 
 /// Why the first packet was refused.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +61,7 @@ pub enum StartupError {
     /// Protocol major version other than 3.
     #[error("unsupported frontend protocol {0}.{1}: server supports 3.0 to 3.0")]
     UnsupportedProtocol(u32, u32),
-    /// Parameters not NUL-terminated pairs, or not UTF-8.
+    /// Parameters not NUL-terminated pairs.
     #[error("invalid startup packet layout")]
     Malformed,
     /// A message during authentication longer than any such message can be.
@@ -91,23 +98,27 @@ pub fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, StartupError> {
             if major != PROTOCOL_MAJOR_3 {
                 return Err(StartupError::UnsupportedProtocol(major, minor));
             }
-            let params = parse_params(b)?;
+            let verbatim = parse_params(b)?;
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
             Ok(FirstPacket::Startup(StartupMessage {
                 minor: minor as u16,
-                params,
+                params: verbatim.iter().map(|(k, v)| (text(k), text(v))).collect(),
+                verbatim,
             }))
         }
     }
 }
 
-fn parse_params(mut b: Body<'_>) -> Result<Vec<(String, String)>, StartupError> {
+/// Parameters as Postgres reads them: NUL-terminated pairs of bytes, in whatever encoding the
+/// client uses (Postgres only checks them against its own names and settings).
+fn parse_params(mut b: Body<'_>) -> Result<Vec<RawParam>, StartupError> {
     let mut params = Vec::new();
     loop {
-        let key = b.cstr_utf8().ok_or(StartupError::Malformed)?;
+        let key = b.cstr().ok_or(StartupError::Malformed)?;
         if key.is_empty() {
             break;
         }
-        let value = b.cstr_utf8().ok_or(StartupError::Malformed)?;
+        let value = b.cstr().ok_or(StartupError::Malformed)?;
         params.push((key.to_owned(), value.to_owned()));
     }
     if !b.rest().is_empty() {
@@ -117,6 +128,19 @@ fn parse_params(mut b: Body<'_>) -> Result<Vec<(String, String)>, StartupError> 
 }
 
 impl StartupMessage {
+    /// A StartupMessage of protocol 3.`minor` with these parameters.
+    pub fn new(minor: u16, params: Vec<(String, String)>) -> Self {
+        let verbatim = params
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        Self {
+            minor,
+            params,
+            verbatim,
+        }
+    }
+
     /// The value of a parameter: the last one given, as Postgres reads a repeated key.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.params
@@ -140,10 +164,10 @@ impl StartupMessage {
     pub fn encode_for_upstream(&self) -> BytesMut {
         let mut body = BytesMut::new();
         body.put_u32(PROTOCOL_MAJOR_3 << 16);
-        for (k, v) in self.params.iter().filter(|(k, _)| !k.starts_with("_pq_.")) {
-            body.put_slice(k.as_bytes());
+        for (k, v) in self.verbatim.iter().filter(|(k, _)| !k.starts_with(b"_pq_.")) {
+            body.put_slice(k);
             body.put_u8(0);
-            body.put_slice(v.as_bytes());
+            body.put_slice(v);
             body.put_u8(0);
         }
         body.put_u8(0);
@@ -235,10 +259,7 @@ mod tests {
     use super::*;
 
     fn startup(params: &[(&str, &str)]) -> Vec<u8> {
-        let m = StartupMessage {
-            minor: 0,
-            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        };
+        let m = StartupMessage::new(0, params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
         m.encode_for_upstream()[4..].to_vec()
     }
 

@@ -7,7 +7,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::common::inproc::Proxy;
 use crate::common::pg::{Cluster, connect};
-use crate::common::raw::{Raw, codes, message, query, tags};
+use crate::common::raw::{Raw, codes, message, query, startup_packet_bytes, tags};
 
 async fn setup() -> (String, Proxy, tokio_postgres::Client) {
     let cluster = Cluster::shared();
@@ -367,5 +367,33 @@ async fn a_client_ahead_by_two_copy_dones_through_many_copies_stays_in_step() {
     let n: i64 = admin.query_one("SELECT count(*) FROM many", &[]).await.unwrap().get(0);
     assert_eq!(n, copies as i64);
     assert_eq!(tags(&raw.simple("SELECT 1").await), "TDCZ");
+    still_fine(&bystander, &proxy).await;
+}
+
+/// Postgres reads startup parameters as bytes in the client's encoding: a LATIN1
+/// `application_name` starts a session directly and through pgfence alike, and Postgres
+/// gets the bytes as sent.
+#[tokio::test]
+async fn startup_parameters_that_are_not_utf8_pass_as_sent() {
+    let (db, proxy, bystander) = setup().await;
+    let cluster = Cluster::shared();
+    let mut seen = Vec::new();
+    for port in [cluster.port(), proxy.port()] {
+        let mut raw = Raw::connect(port).await;
+        raw.send(&startup_packet_bytes(&[
+            (b"user", b"postgres"),
+            (b"database", db.as_bytes()),
+            (b"application_name", b"caf\xe9"),
+        ]))
+        .await;
+        let started = raw.read_until(|m| m.tag == b'Z' || m.tag == b'E').await;
+        assert_eq!(started.last().map(|m| m.tag), Some(b'Z'), "port {port}: {started:?}");
+        let shown = raw.simple("SHOW application_name").await;
+        assert_eq!(tags(&shown), "TDCZ");
+        seen.push(shown[1].body.clone());
+    }
+    // The same value either way: the one Postgres makes of these bytes (of U+FFFD's three
+    // bytes it would make another).
+    assert_eq!(seen[0], seen[1]);
     still_fine(&bystander, &proxy).await;
 }

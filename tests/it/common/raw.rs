@@ -48,12 +48,18 @@ pub struct Raw {
 
 /// A startup packet body with these parameters (protocol 3.0).
 pub fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
+    let params: Vec<(&[u8], &[u8])> = params.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect();
+    startup_packet_bytes(&params)
+}
+
+/// A startup packet body with these parameters as bytes, in any encoding (protocol 3.0).
+pub fn startup_packet_bytes(params: &[(&[u8], &[u8])]) -> Vec<u8> {
     let mut body = BytesMut::new();
     body.put_u32(3 << 16);
     for (k, v) in params {
-        body.put_slice(k.as_bytes());
+        body.put_slice(k);
         body.put_u8(0);
-        body.put_slice(v.as_bytes());
+        body.put_slice(v);
         body.put_u8(0);
     }
     body.put_u8(0);
