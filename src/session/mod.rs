@@ -92,15 +92,26 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     let (mut ur, mut uw) = upstream.split();
     let max = ctx.config.max_message_size;
     let mid_message = AtomicBool::new(false);
+    let room = tokio::sync::Notify::new();
     let end = {
-        let mut c2u = pin!(relay::client_to_upstream(&mut cr, &mut uw, &shared, &mut disp, max));
-        let mut u2c = pin!(relay::upstream_to_client(&mut ur, &mut cw, &shared, &mid_message));
+        let mut c2u = pin!(relay::client_to_upstream(
+            &mut cr, &mut uw, &shared, &room, &mut disp, max
+        ));
+        let mut u2c = pin!(relay::upstream_to_client(
+            &mut ur,
+            &mut cw,
+            &shared,
+            &room,
+            &mid_message
+        ));
         // Until the drain starts, only the drain token is watched (it is a child of the fast
         // token, so a fast shutdown cancels it too); after, the fast token and the grace period.
         let mut draining = false;
         let grace = tokio::time::sleep(ctx.config.shutdown_grace);
         let mut grace = pin!(grace);
         let mut drain = OnWake::new(ctx.drain.cancelled());
+        // How the client's side ended, while the replies Postgres still owes it are relayed.
+        let mut client_end = None;
         loop {
             // Not biased: both directions run in this one task, and once a direction used
             // up tokio's per-poll budget (a client flooding messages), the other's reads in
@@ -108,17 +119,20 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
             // replies for as long as the client sends; tokio picks the first branch anew
             // on every poll.
             tokio::select! {
-                end = &mut c2u => break end,
-                end = &mut u2c => break end,
+                end = &mut c2u, if client_end.is_none() => match end {
+                    End::ClientTerminated | End::ClientGone | End::ClientProtocol(_) => client_end = Some(end),
+                    end => break end,
+                },
+                end = &mut u2c => break client_end.unwrap_or(end),
                 () = &mut drain, if !draining => {
                     if ctx.fast.is_cancelled() {
-                        break End::Drained;
+                        break client_end.unwrap_or(End::Drained);
                     }
                     draining = true;
                     let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
                     st.draining = true;
                     if st.idle() {
-                        break End::Drained;
+                        break client_end.unwrap_or(End::Drained);
                     }
                     grace.as_mut().reset(tokio::time::Instant::now() + ctx.config.shutdown_grace);
                 }

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
 
 use super::dispatch::Dispatcher;
 use super::names;
-use super::state::{Shared, Verdict};
+use super::state::{MAX_PENDING, RESUME_PENDING, Shared, Verdict};
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
 use crate::sql::lex::MAX_IDENT_BYTES;
 
@@ -35,6 +36,19 @@ const SERVER_INSPECT: usize = 1024 * 1024;
 const PG_MESSAGE_LIMIT: usize = 0x3fff_fffe;
 /// Buffers grown past this are released once empty.
 const SHRINK_ABOVE: usize = 1024 * 1024;
+/// Messages read whole past this size are looked at off the worker thread (see [`off_worker`]).
+const LONG_TEXT: usize = 256 * 1024;
+
+/// Runs `f`, which may take long (reading a statement of many megabytes takes a good part
+/// of a second), after handing this worker thread's other sessions to another thread, so
+/// that none of them waits for it. Only a multi-threaded runtime can; on one thread `f`
+/// just runs.
+fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
 
 /// Why a relay direction stopped.
 #[derive(Debug)]
@@ -163,10 +177,19 @@ impl ReadBuf {
 
 /// Client to upstream. Cancel safe: no (a partly written batch is lost), but
 /// the session ends whenever it is dropped.
+///
+/// It ends when the client's side does: after forwarding a Terminate, or, at the end of
+/// the client's input or a protocol violation, after forwarding what came before and
+/// closing the upstream's sending side. Either way Postgres still owes replies to what
+/// it was sent; the session relays them until the upstream closes.
+///
+/// `room` wakes it when it waits for replies to bring the units in flight down (see
+/// [`MAX_PENDING`]).
 pub async fn client_to_upstream<R, W>(
     cr: &mut R,
     uw: &mut W,
     shared: &Mutex<Shared>,
+    room: &Notify,
     disp: &mut Dispatcher,
     max_message: usize,
 ) -> End
@@ -180,7 +203,9 @@ where
     loop {
         let mut pos = 0;
         let mut terminated = false;
+        let mut violation = None;
         let mut need = 0;
+        let mut full;
         {
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
             while pos < rb.buf.len() {
@@ -194,27 +219,30 @@ where
                 let h = match peek_header(&rb.buf[pos..]) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
-                    Err(e) => return End::ClientProtocol(e.to_string()),
+                    Err(e) => {
+                        violation = Some(e.to_string());
+                        break;
+                    }
                 };
                 let total = h.total_len();
                 if h.body_len + 4 > PG_MESSAGE_LIMIT {
                     // Postgres would drop the connection without a word; say why.
-                    return End::ClientProtocol(format!(
+                    violation = Some(format!(
                         "message type '{}' of {} bytes exceeds the protocol's limit",
                         h.tag as char, h.body_len
                     ));
+                    break;
                 }
                 let whole = match h.tag {
                     b'Q' | b'P' if h.body_len > max_message => {
-                        return End::ClientProtocol(format!(
-                            "message of {} bytes exceeds max_message_size",
-                            h.body_len
-                        ));
+                        violation = Some(format!("message of {} bytes exceeds max_message_size", h.body_len));
+                        break;
                     }
                     b'Q' | b'P' => total,
                     b'B' => total.min(HEADER_LEN + BIND_PREFIX),
                     b'E' | b'C' | b'D' | b'S' | b'H' | b'X' if h.body_len > SMALL_MESSAGE => {
-                        return End::ClientProtocol(format!("message type '{}' too long", h.tag as char));
+                        violation = Some(format!("message type '{}' too long", h.tag as char));
+                        break;
                     }
                     b'E' | b'C' | b'D' | b'S' | b'H' | b'X' => total,
                     // Everything else streams; only its header is looked at.
@@ -226,7 +254,11 @@ where
                 }
                 disp.resync(&st);
                 let msg = &rb.buf[pos..pos + whole];
-                let handled = handle_client_message(h.tag, msg, total, &mut st, disp);
+                let handled = if whole > LONG_TEXT {
+                    off_worker(|| handle_client_message(h.tag, msg, total, &mut st, disp))
+                } else {
+                    handle_client_message(h.tag, msg, total, &mut st, disp)
+                };
                 st.drop_skipped();
                 match handled {
                     Ok(Action::Forward) => {}
@@ -238,7 +270,10 @@ where
                     }
                     Ok(Action::Prefix(bytes)) => em.insert(&rb.buf, pos, &bytes),
                     Ok(Action::Terminate) => terminated = true,
-                    Err(reason) => return End::ClientProtocol(reason),
+                    Err(reason) => {
+                        violation = Some(reason);
+                        break;
+                    }
                 }
                 stream = total;
                 if terminated {
@@ -248,7 +283,11 @@ where
                     break;
                 }
             }
+            full = st.pending.len() >= MAX_PENDING;
+            st.reader_waiting = full;
         }
+        // What came before a violation still goes: Postgres would run it before reading
+        // the message that breaks the session.
         if let Err(e) = em.flush(uw, &rb.buf, pos).await {
             return End::Io(e);
         }
@@ -256,9 +295,25 @@ where
         if terminated {
             return End::ClientTerminated;
         }
+        if let Some(reason) = violation {
+            // Postgres answers what it was sent, then ends the session at the end of its input.
+            let _ = uw.shutdown().await;
+            return End::ClientProtocol(reason);
+        }
+        while full {
+            room.notified().await;
+            let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
+            full = st.pending.len() > RESUME_PENDING;
+            st.reader_waiting = full;
+        }
         rb.reserve(need);
         match rb.fill(cr).await {
-            Ok(0) => return End::ClientGone,
+            Ok(0) => {
+                // The client may have closed only its sending side: Postgres answers what it
+                // was sent, as it would to the client directly, and ends at the end of its input.
+                let _ = uw.shutdown().await;
+                return End::ClientGone;
+            }
             Ok(_) => {}
             Err(e) => return End::Io(e),
         }
@@ -430,7 +485,13 @@ fn key<'a>(st: &Shared, name: &'a [u8]) -> Cow<'a, str> {
 /// Upstream to client. Cancel safe: no (see [`client_to_upstream`]). `mid_message` is
 /// true while what the client got may end inside a message (a streamed one not yet
 /// through, or a write cut short): nothing of pgfence's own may follow it then.
-pub async fn upstream_to_client<R, W>(ur: &mut R, cw: &mut W, shared: &Mutex<Shared>, mid_message: &AtomicBool) -> End
+pub async fn upstream_to_client<R, W>(
+    ur: &mut R,
+    cw: &mut W,
+    shared: &Mutex<Shared>,
+    room: &Notify,
+    mid_message: &AtomicBool,
+) -> End
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -494,6 +555,10 @@ where
             }
             drained = st.draining && st.idle() && stream.0 == 0;
             violation = st.violation.take();
+            if st.reader_waiting && st.pending.len() <= RESUME_PENDING {
+                st.reader_waiting = false;
+                room.notify_one();
+            }
         }
         mid_message.store(true, Ordering::Relaxed);
         if let Some(reason) = violation {
@@ -523,5 +588,123 @@ where
             Ok(_) => {}
             Err(e) => return End::Io(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::io::{duplex, split};
+
+    use super::*;
+    use crate::session::context::DbFences;
+    use crate::session::declare::Declarations;
+
+    /// A long text's analysis does not hold up the other sessions of its worker thread:
+    /// with one worker, a task spawned beside it still runs while it works. (Run in place,
+    /// `f` would wait for that task forever; the wait gives up after 10 s.)
+    #[test]
+    fn long_work_hands_the_worker_to_other_sessions() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let done = rt.block_on(async {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let long = tokio::spawn(async move { off_worker(|| rx.recv_timeout(Duration::from_secs(10)).is_ok()) });
+            tokio::task::yield_now().await;
+            let other = tokio::spawn(async move { tx.send(()).unwrap() });
+            other.await.unwrap();
+            long.await.unwrap()
+        });
+        assert!(done);
+        // On a single-threaded runtime it just runs.
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        assert_eq!(rt.block_on(async { off_worker(|| 7) }), 7);
+    }
+
+    const SYNC: &[u8] = b"S\0\0\0\x04";
+    const READY: &[u8] = b"Z\0\0\0\x05I";
+
+    /// A client that pipelines without reading makes pgfence remember each message until
+    /// Postgres answers it. The client side stops reading at [`MAX_PENDING`] units in
+    /// flight, so that memory is bounded whatever the client sends, and resumes as replies
+    /// come, so a client that does read gets every reply.
+    #[tokio::test]
+    async fn a_client_that_sends_without_reading_is_held_at_max_pending() {
+        const SYNCS: usize = 100_000;
+        let (client, proxy_client) = duplex(1 << 20);
+        let (proxy_upstream, mut upstream) = duplex(64 << 20);
+        let (mut cr, mut cw) = split(proxy_client);
+        let (mut ur, mut uw) = split(proxy_upstream);
+        let (mut client_r, mut client_w) = split(client);
+        let shared = Mutex::new(Shared::new(Declarations::default()));
+        let room = Notify::new();
+        let mut disp = Dispatcher::new(
+            Arc::new(DbFences::for_database(Arc::from(Vec::new()), "db")),
+            Declarations::default(),
+        );
+        let sender = tokio::spawn(async move {
+            client_w.write_all(&SYNC.repeat(SYNCS)).await.unwrap();
+            client_w
+        });
+        let mut c2u = pin!(client_to_upstream(&mut cr, &mut uw, &shared, &room, &mut disp, 1 << 20));
+
+        // Nothing answers: the client side stops at the cap, one read's worth past it at most.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), &mut c2u)
+                .await
+                .is_err()
+        );
+        let held = shared.lock().unwrap().pending.len();
+        assert!(
+            (MAX_PENDING..MAX_PENDING + READ_CHUNK).contains(&held),
+            "{held} units in flight"
+        );
+        let mut sent = vec![0; held * SYNC.len()];
+        upstream.read_exact(&mut sent).await.unwrap();
+        assert_eq!(sent, SYNC.repeat(held));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), upstream.read_u8())
+                .await
+                .is_err()
+        );
+
+        // Postgres answers every Sync: the rest goes through and every reply reaches the client.
+        let server = async {
+            upstream.write_all(&READY.repeat(held)).await.unwrap();
+            for _ in held..SYNCS {
+                let mut sync = [0; 5];
+                upstream.read_exact(&mut sync).await.unwrap();
+                assert_eq!(sync, SYNC);
+                upstream.write_all(READY).await.unwrap();
+            }
+        };
+        let reader = async {
+            let mut replies = vec![0; SYNCS * READY.len()];
+            client_r.read_exact(&mut replies).await.unwrap();
+            assert!(replies.chunks(READY.len()).all(|r| r == READY));
+        };
+        let mid = AtomicBool::new(false);
+        let mut u2c = pin!(upstream_to_client(&mut ur, &mut cw, &shared, &room, &mid));
+        let relay = async {
+            tokio::select! {
+                end = &mut c2u => panic!("client side ended: {end:?}"),
+                end = &mut u2c => panic!("upstream side ended: {end:?}"),
+            }
+        };
+        let answered = async { tokio::join!(server, reader) };
+        tokio::select! {
+            () = relay => {}
+            r = tokio::time::timeout(Duration::from_secs(60), answered) => {
+                r.expect("every Sync answered");
+            }
+        }
+        assert!(shared.lock().unwrap().pending.is_empty());
+        assert_eq!(shared.lock().unwrap().answered, SYNCS as u64);
+        sender.await.unwrap();
     }
 }

@@ -457,7 +457,21 @@ pub struct Shared {
     pub copy_data_early: bool,
     /// The client broke the protocol in a way only a reply revealed: end the session.
     pub violation: Option<String>,
+    /// The client side stopped reading at [`MAX_PENDING`] units in flight and waits to be
+    /// woken once replies bring them down to [`RESUME_PENDING`].
+    pub reader_waiting: bool,
 }
+
+/// Units in flight at which pgfence stops reading from the client until Postgres has
+/// answered some. Postgres reads no faster than it answers, so this only bounds what a
+/// client that sends without reading makes pgfence remember (tens of bytes per message);
+/// its bytes wait in the kernel's buffers, as they would in front of Postgres.
+pub const MAX_PENDING: usize = 4096;
+/// Units in flight at which reading from the client resumes. Postgres holds back at most
+/// its 8 KiB output buffer of replies until a Flush or Sync, 5 bytes or more each: fewer
+/// than 1 700 units, well under this, so the Flush or Sync a client sends after more than
+/// [`MAX_PENDING`] messages is always read.
+pub const RESUME_PENDING: usize = MAX_PENDING - 1024;
 
 impl Shared {
     /// New state for a session with these startup declarations.

@@ -106,6 +106,71 @@ async fn bytes_after_terminate_are_ignored() {
     raw.send(&bytes).await;
     let rest = raw.read_until(|_| false).await;
     assert!(rest.is_empty(), "{rest:?}");
+    assert!(raw.closed().await);
+    still_fine(&bystander, &proxy).await;
+}
+
+/// How a session ends on the client's side, sent right behind two queries that are still
+/// owed their replies (an INSERT, then a query that is still running).
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    Terminate,
+    /// The client closes its sending side and reads on.
+    HalfClose,
+    /// A message header Postgres and pgfence both refuse (length 3).
+    BadHeader,
+}
+
+/// Runs the two queries and `ending` in one write to `port`; returns the tags of every
+/// reply up to the end of the connection and the rows the INSERT left.
+async fn owed_replies(
+    port: u16,
+    db: &str,
+    admin: &tokio_postgres::Client,
+    ending: Ending,
+) -> (String, Vec<String>, i64) {
+    admin.batch_execute("DELETE FROM owed").await.unwrap();
+    let (mut raw, _) = Raw::startup(port, &[("user", "postgres"), ("database", db)]).await;
+    let mut bytes = query("INSERT INTO owed VALUES (1)");
+    bytes.extend(query("SELECT pg_sleep(0.3)"));
+    match ending {
+        Ending::Terminate => bytes.extend(message(b'X', b"")),
+        Ending::HalfClose => {}
+        Ending::BadHeader => bytes.extend([b'Q', 0, 0, 0, 3]),
+    }
+    raw.send(&bytes).await;
+    if let Ending::HalfClose = ending {
+        raw.stream.shutdown().await.unwrap();
+    }
+    let rest = raw.read_until(|_| false).await;
+    assert!(raw.closed().await, "{ending:?}: the session must end");
+    let n: i64 = admin.query_one("SELECT count(*) FROM owed", &[]).await.unwrap().get(0);
+    (tags(&rest), codes(&rest), n)
+}
+
+/// Postgres answers every message that came before the end of a session, and runs it: a
+/// client that ends its side right behind its queries (Terminate, a half-close, a protocol
+/// violation) gets those replies through pgfence too, and its writes are not lost.
+#[tokio::test]
+async fn replies_owed_before_a_session_ends_still_arrive() {
+    let (db, proxy, bystander) = setup().await;
+    let cluster = Cluster::shared();
+    bystander.batch_execute("CREATE TABLE owed (v int)").await.unwrap();
+    for ending in [Ending::Terminate, Ending::HalfClose, Ending::BadHeader] {
+        // The control: Postgres itself, directly.
+        let direct = owed_replies(cluster.port(), &db, &bystander, ending).await;
+        assert_eq!(
+            (&direct.0[..], direct.2),
+            ("CZTDCZ", 1),
+            "{ending:?} directly: {direct:?}"
+        );
+        let proxied = owed_replies(proxy.port(), &db, &bystander, ending).await;
+        match ending {
+            // Postgres ends a session with a bad header without a word; pgfence says why.
+            Ending::BadHeader => assert_eq!(proxied, ("CZTDCZE".into(), vec!["08P01".into()], 1), "{ending:?}"),
+            _ => assert_eq!(proxied, direct, "{ending:?}"),
+        }
+    }
     still_fine(&bystander, &proxy).await;
 }
 

@@ -44,6 +44,8 @@ impl Msg {
 pub struct Raw {
     pub stream: TcpStream,
     buf: BytesMut,
+    /// The last read gave up after its 10 s wait, with the connection still open.
+    timed_out: bool,
 }
 
 /// A startup packet body with these parameters (protocol 3.0).
@@ -140,6 +142,7 @@ impl Raw {
         Raw {
             stream,
             buf: BytesMut::new(),
+            timed_out: false,
         }
     }
 
@@ -171,7 +174,11 @@ impl Raw {
             }
             match tokio::time::timeout(Duration::from_secs(10), self.stream.read_buf(&mut self.buf)).await {
                 Ok(Ok(n)) if n > 0 => {}
-                _ => return None,
+                Ok(_) => return None,
+                Err(_) => {
+                    self.timed_out = true;
+                    return None;
+                }
             }
         }
     }
@@ -195,10 +202,11 @@ impl Raw {
         self.read_until(|m| m.tag == b'Z').await
     }
 
-    /// Whether the server closed the connection (EOF within 10 s, ignoring remaining messages).
+    /// Whether the server closed the connection (EOF or reset, with no 10 s silence before
+    /// it), ignoring remaining messages.
     pub async fn closed(&mut self) -> bool {
         while self.read().await.is_some() {}
-        true
+        !self.timed_out
     }
 }
 

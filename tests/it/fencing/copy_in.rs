@@ -119,21 +119,31 @@ async fn a_query_inside_copy_ends_only_that_session() {
     }
 }
 
-/// Terminate inside COPY is a client leaving, not a protocol violation: no error.
+/// Terminate inside COPY ends the session as it does straight to Postgres, which first
+/// fails the COPY on it (08P01, "unexpected message type"): the client gets those replies
+/// through pgfence too, and the COPY rolls back with the session.
 #[tokio::test]
 async fn terminate_inside_copy_just_closes() {
     let f = Fixture::new().await;
     let e = f.takeover("a").await;
-    let mut s = session(&f, f.proxy.port(), e).await;
-    s.send(&[parse("", COPY), bind("", "", &[]), execute(""), sync()].concat())
-        .await;
-    s.read_until(|m| m.tag == b'G').await;
-    s.send(&message(b'X', b"")).await;
-    let rest = s.read_until(|_| false).await;
-    assert!(codes(&rest).is_empty(), "{rest:?}");
-    // The COPY rolled back with the session: nothing was copied.
-    let n = f.audit_rows().await;
-    assert_eq!(n, 0);
+    let mut seen = Vec::new();
+    for port in [f.cluster.port(), f.proxy.port()] {
+        let mut s = session(&f, port, e).await;
+        s.send(&[parse("", COPY), bind("", "", &[]), execute(""), sync()].concat())
+            .await;
+        s.read_until(|m| m.tag == b'G').await;
+        s.send(&message(b'X', b"")).await;
+        let rest = s.read_until(|_| false).await;
+        assert!(s.closed().await);
+        seen.push(codes(&rest));
+        // Nothing was copied.
+        assert_eq!(f.audit_rows().await, 0);
+    }
+    assert!(
+        !seen[0].is_empty() && seen[0].iter().all(|c| c == "08P01"),
+        "directly: {seen:?}"
+    );
+    assert_eq!(seen[1], seen[0], "through pgfence");
 }
 
 /// A Sync sent while Postgres copies is ignored while the COPY runs and answered once it
