@@ -10,8 +10,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::MAX_STARTUP_PACKET;
 use super::frame::Body;
 
-const SSL_REQUEST: u32 = 80_877_103;
-const GSSENC_REQUEST: u32 = 80_877_104;
+/// The code of an SSLRequest.
+pub const SSL_REQUEST: u32 = 80_877_103;
+/// The code of a GSSENCRequest.
+pub const GSSENC_REQUEST: u32 = 80_877_104;
 const CANCEL_REQUEST: u32 = 80_877_102;
 const PROTOCOL_MAJOR_3: u32 = 3;
 

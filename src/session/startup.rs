@@ -21,7 +21,9 @@ use crate::error::ProxyError;
 use crate::fence::epoch::Epoch;
 use crate::protocol::codec;
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
-use crate::protocol::startup::{FirstPacket, StartupError, StartupMessage, read_first_packet};
+use crate::protocol::startup::{
+    FirstPacket, GSSENC_REQUEST, SSL_REQUEST, StartupError, StartupMessage, read_first_packet,
+};
 use crate::server::{CancelKeyGuard, ServerContext, UpstreamKey};
 use crate::sql::lex::truncate_ident;
 
@@ -87,6 +89,12 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
     }
 }
 
+/// A repeated encryption request, refused as Postgres refuses it: as protocol `1234.5679`
+/// (SSL) or `1234.5680` (GSS).
+fn repeated(code: u32) -> StartupError {
+    StartupError::UnsupportedProtocol(code >> 16, code & 0xffff)
+}
+
 /// Which startup errors get a FATAL before the close (Postgres closes silently on bad lengths).
 fn report(e: &StartupError) -> Option<ProxyError> {
     match e {
@@ -105,9 +113,22 @@ async fn establish_inner(
     ctx: &ServerContext,
     started: &AtomicBool,
 ) -> Result<Inner, StartupError> {
+    // As Postgres, which refuses both: an encryption request right after a refused one of
+    // the same kind is read as a startup packet of its code's protocol version. (After a
+    // refused one of the other kind, it is answered again.)
+    let mut refused = None;
     let startup = loop {
         match read_first_packet(client).await? {
-            FirstPacket::SslRequest | FirstPacket::GssEncRequest => client.write_all(b"N").await?,
+            FirstPacket::SslRequest if refused == Some(SSL_REQUEST) => return Err(repeated(SSL_REQUEST)),
+            FirstPacket::GssEncRequest if refused == Some(GSSENC_REQUEST) => return Err(repeated(GSSENC_REQUEST)),
+            FirstPacket::SslRequest => {
+                refused = Some(SSL_REQUEST);
+                client.write_all(b"N").await?
+            }
+            FirstPacket::GssEncRequest => {
+                refused = Some(GSSENC_REQUEST);
+                client.write_all(b"N").await?
+            }
             FirstPacket::Cancel { pid, secret } => {
                 ctx.cancel(pid, secret).await;
                 return Ok(None);

@@ -462,3 +462,68 @@ async fn startup_parameters_that_are_not_utf8_pass_as_sent() {
     assert_eq!(seen[0], seen[1]);
     still_fine(&bystander, &proxy).await;
 }
+
+/// What a connection answers to these encryption requests (each answer's first byte), then
+/// to a startup packet (`Z` when the session starts), with the error codes of a refusal.
+async fn encryption_answers(port: u16, db: &str, requests: &[u32]) -> (String, Vec<String>) {
+    use tokio::io::AsyncReadExt;
+    let mut raw = Raw::connect(port).await;
+    let mut answers = String::new();
+    for &code in requests {
+        let mut request = 8u32.to_be_bytes().to_vec();
+        request.extend(code.to_be_bytes());
+        raw.send(&request).await;
+        let first = raw.stream.read_u8().await.unwrap();
+        answers.push(first as char);
+        if first != b'N' {
+            let mut rest = vec![first];
+            raw.stream.read_to_end(&mut rest).await.unwrap();
+            let refusal = crate::common::raw::Msg {
+                tag: first,
+                body: rest.get(5..).unwrap_or_default().to_vec(),
+            };
+            return (answers, codes(&[refusal]));
+        }
+    }
+    raw.send(&crate::common::raw::startup_packet(&[
+        ("user", "postgres"),
+        ("database", db),
+    ]))
+    .await;
+    let started = raw.read_until(|m| m.tag == b'Z' || m.tag == b'E').await;
+    answers.push(started.last().unwrap().tag as char);
+    (answers, Vec::new())
+}
+
+/// Encryption requests as Postgres answers them: `N` to each (pgfence has no TLS or GSS
+/// encryption), alternating SSL and GSS requests any number of times, but one right after
+/// a refused one of the same kind is refused as a startup packet of an unknown protocol
+/// version (FATAL 0A000).
+#[tokio::test]
+async fn encryption_requests_are_answered_as_postgres_answers_them() {
+    const SSL: u32 = 80_877_103;
+    const GSS: u32 = 80_877_104;
+    let (db, proxy, bystander) = setup().await;
+    let cluster = Cluster::shared();
+    // SSL, compared with Postgres (which refuses it: no certificate configured).
+    for requests in [&[SSL][..], &[SSL, SSL]] {
+        let direct = encryption_answers(cluster.port(), &db, requests).await;
+        let proxied = encryption_answers(proxy.port(), &db, requests).await;
+        assert_eq!(proxied, direct, "{requests:?}");
+    }
+    assert_eq!(
+        encryption_answers(proxy.port(), &db, &[SSL, SSL]).await,
+        ("NE".into(), vec!["0A000".into()])
+    );
+    // GSS, which this Postgres build accepts ('G'): pgfence refuses it by the same rules.
+    for (requests, expected) in [
+        (&[GSS, GSS][..], ("NE", &["0A000"][..])),
+        (&[SSL, GSS, SSL, GSS], ("NNNNZ", &[])),
+        (&[GSS, SSL, SSL], ("NNE", &["0A000"])),
+    ] {
+        let (answers, codes) = encryption_answers(proxy.port(), &db, requests).await;
+        assert_eq!(answers, expected.0, "{requests:?}");
+        assert_eq!(codes, expected.1, "{requests:?}");
+    }
+    still_fine(&bystander, &proxy).await;
+}
