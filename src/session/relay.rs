@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 
 use super::dispatch::Dispatcher;
 use super::names;
-use super::state::{MAX_PENDING, RESUME_PENDING, Shared, Verdict};
+use super::state::{MAX_COPY_ENDS, MAX_PENDING, RESUME_PENDING, Shared, Verdict};
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
 use crate::sql::lex::MAX_IDENT_BYTES;
 
@@ -283,7 +283,16 @@ where
                     break;
                 }
             }
-            full = st.pending.len() >= MAX_PENDING;
+            full = false;
+            if st.pending.len() >= MAX_PENDING {
+                let (awaiting, copy_ends) = st.in_flight();
+                full = awaiting >= MAX_PENDING;
+                if copy_ends > MAX_COPY_ENDS && violation.is_none() {
+                    violation = Some(format!(
+                        "more than {MAX_COPY_ENDS} CopyDone or CopyFail messages sent before Postgres began a COPY"
+                    ));
+                }
+            }
             st.reader_waiting = full;
         }
         // What came before a violation still goes: Postgres would run it before reading
@@ -303,7 +312,7 @@ where
         while full {
             room.notified().await;
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
-            full = st.pending.len() > RESUME_PENDING;
+            full = st.pending.len() > RESUME_PENDING && st.in_flight().0 > RESUME_PENDING;
             st.reader_waiting = full;
         }
         rb.reserve(need);
@@ -555,7 +564,7 @@ where
             }
             drained = st.draining && st.idle() && stream.0 == 0;
             violation = st.violation.take();
-            if st.reader_waiting && st.pending.len() <= RESUME_PENDING {
+            if st.reader_waiting && (st.pending.len() <= RESUME_PENDING || st.in_flight().0 <= RESUME_PENDING) {
                 st.reader_waiting = false;
                 room.notify_one();
             }
@@ -624,6 +633,89 @@ mod tests {
         // On a single-threaded runtime it just runs.
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         assert_eq!(rt.block_on(async { off_worker(|| 7) }), 7);
+    }
+
+    const COPY_DONE: &[u8] = b"c\0\0\0\x04";
+    const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";
+
+    /// A Parse of `SELECT 2` as the unnamed statement.
+    fn parse() -> Vec<u8> {
+        let body = b"\0SELECT 2\0\0\0";
+        let mut m = vec![b'P'];
+        m.extend(((body.len() + 4) as u32).to_be_bytes());
+        m.extend(body);
+        m
+    }
+
+    /// A session of the relay's two directions between a client's and Postgres' ends of two
+    /// in-memory pipes, until one direction ends.
+    async fn relay(client: tokio::io::DuplexStream, upstream: tokio::io::DuplexStream) -> End {
+        let (mut cr, mut cw) = split(client);
+        let (mut ur, mut uw) = split(upstream);
+        let shared = Mutex::new(Shared::new(Declarations::default()));
+        let room = Notify::new();
+        let mut disp = Dispatcher::new(
+            Arc::new(DbFences::for_database(Arc::from(Vec::new()), "db")),
+            Declarations::default(),
+        );
+        let mid = AtomicBool::new(false);
+        tokio::select! {
+            end = client_to_upstream(&mut cr, &mut uw, &shared, &room, &mut disp, 1 << 20) => end,
+            end = upstream_to_client(&mut ur, &mut cw, &shared, &room, &mid) => end,
+        }
+    }
+
+    /// CopyDone messages sent before any COPY began are ones Postgres may never answer
+    /// (here it ignores them): they must not hold up the client's Sync, without which
+    /// Postgres answers nothing (it holds back its replies to Parse until then).
+    #[tokio::test]
+    async fn copy_dones_ahead_of_a_copy_do_not_hold_up_the_sync() {
+        let (mut client, proxy_client) = duplex(1 << 20);
+        let (proxy_upstream, mut upstream) = duplex(64 << 20);
+        let session = tokio::spawn(relay(proxy_client, proxy_upstream));
+        let mut batch = Vec::new();
+        for _ in 0..41 {
+            batch.extend(parse());
+            batch.extend(COPY_DONE.repeat(100));
+        }
+        client.write_all(&batch).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.write_all(SYNC).await.unwrap();
+        // Postgres: everything before the Sync arrives, then the replies.
+        let mut sent = vec![0; batch.len() + SYNC.len()];
+        tokio::time::timeout(Duration::from_secs(10), upstream.read_exact(&mut sent))
+            .await
+            .expect("the Sync reaches Postgres")
+            .unwrap();
+        let mut replies = PARSE_COMPLETE.repeat(41);
+        replies.extend(READY);
+        upstream.write_all(&replies).await.unwrap();
+        let mut got = vec![0; replies.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, replies);
+        session.abort();
+    }
+
+    /// Past [`MAX_COPY_ENDS`] of them, the client is refused.
+    #[tokio::test]
+    async fn endless_copy_dones_ahead_of_a_copy_are_refused() {
+        let (mut client, proxy_client) = duplex(1 << 20);
+        let (proxy_upstream, _upstream) = duplex(64 << 20);
+        let session = tokio::spawn(relay(proxy_client, proxy_upstream));
+        let mut batch = Vec::new();
+        for _ in 0..(MAX_COPY_ENDS / 500 + 2) {
+            batch.extend(parse());
+            batch.extend(COPY_DONE.repeat(500));
+        }
+        client.write_all(&batch).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(10), session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&end, End::ClientProtocol(r) if r.contains("CopyDone")),
+            "{end:?}"
+        );
     }
 
     const SYNC: &[u8] = b"S\0\0\0\x04";

@@ -462,11 +462,18 @@ pub struct Shared {
     pub reader_waiting: bool,
 }
 
-/// Units in flight at which pgfence stops reading from the client until Postgres has
-/// answered some. Postgres reads no faster than it answers, so this only bounds what a
-/// client that sends without reading makes pgfence remember (tens of bytes per message);
-/// its bytes wait in the kernel's buffers, as they would in front of Postgres.
+/// Units in flight awaiting a reply at which pgfence stops reading from the client until
+/// Postgres has answered some. Postgres reads no faster than it answers, so this only
+/// bounds what a client that sends without reading makes pgfence remember (tens of bytes
+/// per message); its bytes wait in the kernel's buffers, as they would in front of
+/// Postgres. CopyEnd units, which no reply ends, do not count (Postgres may never answer
+/// anything before the client's next message): [`MAX_COPY_ENDS`] bounds them.
 pub const MAX_PENDING: usize = 4096;
+/// CopyEnd units in flight past which the client is refused (08P01): each stands for a
+/// CopyDone or CopyFail sent before Postgres said it copies, which only a COPY still to
+/// start can take. A client running COPYs has at most one per COPY in flight, and
+/// [`MAX_PENDING`] bounds those.
+pub const MAX_COPY_ENDS: usize = 4 * MAX_PENDING;
 /// Units in flight at which reading from the client resumes. Postgres holds back at most
 /// its 8 KiB output buffer of replies until a Flush or Sync, 5 bytes or more each: fewer
 /// than 1 700 units, well under this, so the Flush or Sync a client sends after more than
@@ -481,6 +488,13 @@ impl Shared {
             declared,
             ..Self::default()
         }
+    }
+
+    /// Units in flight that Postgres ends with a reply (all but CopyEnd), and the CopyEnd
+    /// units. Counted, so called only with [`MAX_PENDING`] or more units in flight.
+    pub fn in_flight(&self) -> (usize, usize) {
+        let copy_ends = self.pending.iter().filter(|u| matches!(u, Unit::CopyEnd)).count();
+        (self.pending.len() - copy_ends, copy_ends)
     }
 
     /// Nothing is in flight and no transaction is open, explicit or implicit: a draining
