@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use crate::config::{Fence, Mode};
 use crate::fence::epoch::Epoch;
 use crate::sql::FenceId;
-use crate::sql::classify::{Analysis, Analyzer, FenceSet};
+use crate::sql::classify::{Analysis, Analyzer, CACHE_MAX_TEXT, Detached, FenceSet};
 use crate::sql::lex::Lexing;
 use crate::sql::rewrite::{RewriteCache, RewriteTarget, Unsupported, rewrite_lexing, rewrite_source};
 
@@ -86,9 +86,20 @@ impl DbFences {
     /// Analyses a statement (cached by text) as a session with this
     /// `standard_conforming_strings` setting reads it.
     pub fn analyze(&self, sql: &str, standard_conforming_strings: bool) -> Arc<Analysis> {
+        if sql.len() > CACHE_MAX_TEXT {
+            return Arc::new(self.detached(standard_conforming_strings).analyze(sql));
+        }
         let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
         let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze(sql)
+    }
+
+    /// What analyses texts as [`Self::analyze`] does without holding the database's
+    /// analyzer (shared by its sessions) meanwhile: for texts too long to be cached, whose
+    /// analysis takes long.
+    pub fn detached(&self, standard_conforming_strings: bool) -> Detached {
+        let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
+        slot.lock().unwrap_or_else(|p| p.into_inner()).detached()
     }
 
     /// [`Self::analyze`] for the text of a Parse, which drivers send again and again
@@ -96,6 +107,9 @@ impl DbFences {
     /// texts are mostly seen once: short ones are cached even when only the lexer ran
     /// (see [`crate::sql::classify::Analyzer::analyze_repeated`]).
     pub fn analyze_parse(&self, sql: &str, standard_conforming_strings: bool) -> Arc<Analysis> {
+        if sql.len() > CACHE_MAX_TEXT {
+            return Arc::new(self.detached(standard_conforming_strings).analyze(sql));
+        }
         let slot = &self.analyzers[usize::from(!standard_conforming_strings)];
         let mut analyzer = slot.lock().unwrap_or_else(|p| p.into_inner());
         analyzer.analyze_repeated(sql)

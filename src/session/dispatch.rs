@@ -115,9 +115,46 @@ pub struct Dispatcher {
     /// Bytes of rewrite-mode statements the current client message may still have
     /// rewritten ([`super::rewriting::REWRITE_BUDGET`]).
     pub(super) rewrite_budget: std::cell::Cell<usize>,
+    /// A long text's analysis made off the runtime's thread before its message was
+    /// dispatched (see [`Self::analyze_apart`]): the text, as read with
+    /// `standard_conforming_strings` on (true) or off, and the analysis.
+    ready: Option<(String, bool, Arc<Analysis>)>,
 }
 
+/// A text longer than this is analysed off the runtime's thread (see
+/// [`Dispatcher::analyze_apart`]); shorter ones take well under a millisecond.
+pub const ANALYSE_APART: usize = 256 * 1024;
+
 impl Dispatcher {
+    /// Analyses the text `sql` of a message still to be dispatched on a thread of the
+    /// runtime's blocking pool, so that the sessions sharing this runtime thread do not
+    /// wait for it (a text of many megabytes takes a good part of a second). The result
+    /// serves that message's dispatch if it is read as `standard_conforming_strings` was
+    /// now (else the text is analysed again, in place).
+    pub async fn analyze_apart(&mut self, sql: String, scs: bool) {
+        let detached = self.fences.detached(scs);
+        let work = tokio::task::spawn_blocking(move || {
+            let analysis = Arc::new(detached.analyze(&sql));
+            (sql, analysis)
+        });
+        // A failed task (the analysis never panics, but the task is cancelled when the
+        // runtime shuts down) leaves the text to be analysed in place.
+        self.ready = work.await.ok().map(|(sql, analysis)| (sql, scs, analysis));
+    }
+
+    /// Drops what [`Self::analyze_apart`] made, if its message did not take it.
+    pub fn forget_ready(&mut self) {
+        self.ready = None;
+    }
+
+    /// The analysis [`Self::analyze_apart`] made of `sql`, read with `scs`.
+    fn take_ready(&mut self, sql: &str, scs: bool) -> Option<Arc<Analysis>> {
+        match self.ready.take() {
+            Some((text, read_with, analysis)) if read_with == scs && text == sql => Some(analysis),
+            _ => None,
+        }
+    }
+
     /// A dispatcher for a session on a database with these fences.
     pub fn new(fences: Arc<DbFences>, declared: Declarations) -> Self {
         Self {
@@ -135,6 +172,7 @@ impl Dispatcher {
             batch_guard: None,
             rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
             rw_serial: 0,
+            ready: None,
         }
     }
 
@@ -171,7 +209,10 @@ impl Dispatcher {
             });
             return Some(raise_block(&r));
         }
-        let analysis = self.fences.analyze(sql, shared.reported.standard_conforming_strings);
+        let scs = shared.reported.standard_conforming_strings;
+        let analysis = self
+            .take_ready(sql, scs)
+            .unwrap_or_else(|| self.fences.analyze(sql, scs));
         if !exact && let Some(r) = self.lossy(&analysis) {
             shared.pending.push_back(Unit::Query {
                 parts: Vec::new(),
@@ -699,9 +740,10 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
+        let scs = shared.reported.standard_conforming_strings;
         let analysis = self
-            .fences
-            .analyze_parse(sql, shared.reported.standard_conforming_strings);
+            .take_ready(sql, scs)
+            .unwrap_or_else(|| self.fences.analyze_parse(sql, scs));
         if !exact && let Some(r) = self.lossy(&analysis) {
             self.rw_statements.remove(name);
             let defined = shared.define(name, self.batch, Arc::default());
@@ -1291,4 +1333,30 @@ fn sql_names(kind: &StmtKind) -> impl Iterator<Item = &str> {
         _ => (None, &[][..]),
     };
     one.into_iter().chain(many.iter().flatten().map(String::as_str))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Fence;
+
+    /// An analysis made apart serves only the text it was made of, read as it was read,
+    /// and only once; any other text is analysed in place.
+    #[tokio::test]
+    async fn an_analysis_made_apart_serves_only_its_own_text() {
+        let fences: Arc<[Fence]> = Arc::from(Vec::new());
+        let mut d = Dispatcher::new(Arc::new(DbFences::for_database(fences, "db")), Declarations::default());
+        let text = "SELECT 1".to_owned();
+        d.analyze_apart(text.clone(), true).await;
+        assert!(d.take_ready("SELECT 2", true).is_none());
+        d.analyze_apart(text.clone(), true).await;
+        assert!(d.take_ready(&text, false).is_none());
+        d.analyze_apart(text.clone(), true).await;
+        let ready = d.take_ready(&text, true).expect("made for this text");
+        assert_eq!(*ready, *d.fences.analyze(&text, true));
+        assert!(d.take_ready(&text, true).is_none(), "used once");
+        d.analyze_apart(text.clone(), false).await;
+        d.forget_ready();
+        assert!(d.take_ready(&text, false).is_none());
+    }
 }

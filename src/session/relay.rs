@@ -15,7 +15,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use super::dispatch::Dispatcher;
+use super::dispatch::{ANALYSE_APART, Dispatcher};
 use super::names;
 use super::state::{MAX_COPY_ENDS, MAX_PENDING, RESUME_PENDING, Shared, Verdict};
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
@@ -200,12 +200,15 @@ where
     let mut rb = ReadBuf::new();
     let mut em = Emitter::new();
     let mut stream = 0usize;
+    // The message at the front of `rb` had its text analysed apart (see below).
+    let mut analysed_apart = false;
     loop {
         let mut pos = 0;
         let mut terminated = false;
         let mut violation = None;
         let mut need = 0;
         let mut full;
+        let mut analyse_apart = false;
         {
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
             while pos < rb.buf.len() {
@@ -252,6 +255,11 @@ where
                     need = whole - (rb.buf.len() - pos);
                     break;
                 }
+                if whole > ANALYSE_APART && matches!(h.tag, b'Q' | b'P') && !analysed_apart && !st.copy_in {
+                    // Its text is analysed first, away from this thread's other sessions.
+                    analyse_apart = true;
+                    break;
+                }
                 disp.resync(&st);
                 let msg = &rb.buf[pos..pos + whole];
                 let handled = if whole > LONG_TEXT {
@@ -259,6 +267,9 @@ where
                 } else {
                     handle_client_message(h.tag, msg, total, &mut st, disp)
                 };
+                if std::mem::take(&mut analysed_apart) {
+                    disp.forget_ready();
+                }
                 st.drop_skipped();
                 match handled {
                     Ok(Action::Forward) => {}
@@ -309,6 +320,19 @@ where
             let _ = uw.shutdown().await;
             return End::ClientProtocol(reason);
         }
+        if analyse_apart {
+            // The long message is now at the front of `rb`, whole.
+            let scs = shared
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .reported
+                .standard_conforming_strings;
+            if let Some(sql) = statement_text(&rb.buf) {
+                disp.analyze_apart(sql, scs).await;
+            }
+            analysed_apart = true;
+            continue;
+        }
         while full {
             room.notified().await;
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -327,6 +351,16 @@ where
             Err(e) => return End::Io(e),
         }
     }
+}
+
+/// The statement text of the Query or Parse message `msg` (header included), as the
+/// dispatcher reads it.
+fn statement_text(msg: &[u8]) -> Option<String> {
+    let mut body = Body::new(msg.get(HEADER_LEN..)?);
+    if msg[0] == b'P' {
+        body.cstr()?;
+    }
+    Some(String::from_utf8_lossy(body.cstr()?).into_owned())
 }
 
 enum Action {

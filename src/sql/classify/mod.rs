@@ -202,7 +202,7 @@ fn analyze_with(sql: &str, fences: &FenceSet, lexing: Lexing, lower: &mut Vec<u8
 /// of short Parse texts the lexer read.
 #[derive(Debug)]
 pub struct Analyzer {
-    fences: FenceSet,
+    fences: Arc<FenceSet>,
     lexing: Lexing,
     cache: BoundedMap<Arc<Analysis>>,
     /// Lexer-only results of [`Analyzer::analyze_repeated`]: kept apart so that a stream
@@ -227,7 +227,7 @@ impl Analyzer {
     /// An analyzer for `fences`, assuming `standard_conforming_strings = on`.
     pub fn new(fences: FenceSet) -> Self {
         Self {
-            fences,
+            fences: Arc::new(fences),
             lexing: Lexing::default(),
             cache: BoundedMap::new(CACHE_ENTRIES, CACHE_BYTES),
             repeated: BoundedMap::new(REPEATED_ENTRIES, REPEATED_ENTRIES * REPEATED_MAX_TEXT),
@@ -238,6 +238,16 @@ impl Analyzer {
     /// The fences this analyzer looks for.
     pub fn fences(&self) -> &FenceSet {
         &self.fences
+    }
+
+    /// What analyses a text as this analyzer does, apart from it: for a text too long
+    /// to cache, whose analysis takes long and must not hold the analyzer (shared by
+    /// every session of a database) meanwhile. See [`Detached::analyze`].
+    pub fn detached(&self) -> Detached {
+        Detached {
+            fences: Arc::clone(&self.fences),
+            lexing: self.lexing,
+        }
     }
 
     /// Follows the server's `standard_conforming_strings` (from its
@@ -289,6 +299,21 @@ impl Analyzer {
             self.cache.insert(sql, Arc::clone(&analysis));
         }
         (analysis, keep)
+    }
+}
+
+/// An [`Analyzer`]'s fences and lexing, without its cache (see [`Analyzer::detached`]).
+#[derive(Debug, Clone)]
+pub struct Detached {
+    fences: Arc<FenceSet>,
+    /// How texts are lexed; its `standard_conforming_strings` is the analyzer's.
+    pub lexing: Lexing,
+}
+
+impl Detached {
+    /// Analyses `sql` as [`Analyzer::analyze`] does, without caching it. Never panics.
+    pub fn analyze(&self, sql: &str) -> Analysis {
+        analyze_with(sql, &self.fences, self.lexing, &mut Vec::new()).0
     }
 }
 

@@ -482,3 +482,53 @@ async fn fence_restricted_to_a_database_leaves_other_databases_alone() {
     let s = connect(proxy.port(), &other_db, "").await;
     assert_eq!(code(&s.execute(write, &[]).await), "ok");
 }
+
+/// A text of more than 256 KiB is analysed away from the session's thread before it is
+/// dispatched: it is fenced as a short one is, in both protocols, also when the write
+/// comes after many other statements. The control: straight to Postgres the stale writes
+/// land.
+#[tokio::test]
+async fn long_texts_are_fenced_as_short_ones_are() {
+    let f = Fixture::new().await;
+    let e1 = f.takeover("node-a").await;
+    let a = f.leader(e1).await;
+    let e2 = f.takeover("node-b").await;
+    let b = f.leader(e2).await;
+    let direct = f.direct().await;
+    let long_write = |note: &str| {
+        format!(
+            "UPDATE sweep_state SET note = '{note}' WHERE id = 1 AND note <> '{}'",
+            "x".repeat(300_000)
+        )
+    };
+    let behind_reads = |note: &str| {
+        format!(
+            "{}UPDATE sweep_state SET note = '{note}' WHERE id = 1",
+            "SELECT note FROM sweep_state WHERE id = 1;".repeat(8_000)
+        )
+    };
+    for (i, text) in [long_write("s1"), behind_reads("s2")].iter().enumerate() {
+        assert!(text.len() > 300_000);
+        // The stale leader: refused in both protocols, the row untouched.
+        let before = f.note().await;
+        assert_eq!(code(&a.batch_execute(text).await), "PF001", "text {i}, simple");
+        if i == 0 {
+            assert_eq!(
+                code(&a.execute(text.as_str(), &[]).await),
+                "PF001",
+                "text {i}, extended"
+            );
+        }
+        assert_eq!(f.note().await, before, "text {i}");
+        // The current leader writes.
+        b.batch_execute(&text.replace("'s", "'b")).await.unwrap();
+        assert_eq!(f.note().await.0, format!("b{}", i + 1));
+        // Control: the same stale text straight to Postgres lands.
+        direct.batch_execute(text).await.unwrap();
+        assert_eq!(
+            f.note().await.0,
+            format!("s{}", i + 1),
+            "the control must show the corruption"
+        );
+    }
+}
