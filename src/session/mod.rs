@@ -93,6 +93,8 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     let max = ctx.config.max_message_size;
     let mid_message = AtomicBool::new(false);
     let room = tokio::sync::Notify::new();
+    // The upstream's last message was an error.
+    let mut said = false;
     let end = {
         let mut c2u = pin!(relay::client_to_upstream(
             &mut cr, &mut uw, &shared, &room, &mut disp, max
@@ -123,7 +125,12 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
                     End::ClientTerminated | End::ClientGone | End::ClientProtocol(_) => client_end = Some(end),
                     end => break end,
                 },
-                end = &mut u2c => break client_end.unwrap_or(end),
+                end = &mut u2c => {
+                    // Postgres' last word was an error (it ended the COPY the client broke off):
+                    // pgfence's FATAL would be a second one.
+                    said = matches!(end, End::UpstreamGone { after_error: true });
+                    break client_end.unwrap_or(end);
+                }
                 () = &mut drain, if !draining => {
                     if ctx.fast.is_cancelled() {
                         break client_end.unwrap_or(End::Drained);
@@ -151,7 +158,8 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     // statement run on, and commit, after the client was told the session is over.
     let busy = matches!(end, End::Drained) && !shared.lock().unwrap_or_else(|p| p.into_inner()).pending.is_empty();
     let cancel = busy.then(|| (ctx, cancel_key.upstream()));
-    let ending = finish(end, mid_message.into_inner(), &mut client, &mut upstream, cancel);
+    let quiet = mid_message.into_inner() || (said && matches!(end, End::ClientProtocol(_)));
+    let ending = finish(end, quiet, &mut client, &mut upstream, cancel);
     last_words(ctx, limit, ending.instrument(span)).await;
 }
 
@@ -239,14 +247,15 @@ impl<F: Future> Future for OnWake<F> {
 }
 
 /// Reports how the session ended, to the client where the protocol allows: not after
-/// part of a message (`mid_message`), which the client would read the report into.
-/// Postgres, too, only closes the connection then.
+/// part of a message (`quiet`), which the client would read the report into. Postgres,
+/// too, only closes the connection then. (`quiet` also when Postgres' own error ended a
+/// session the client broke.)
 ///
 /// `cancel`: Postgres still works for the session; its backend gets a cancel request
 /// while the client is told, before the upstream is closed.
 async fn finish(
     end: End,
-    mid_message: bool,
+    quiet: bool,
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     cancel: Option<(&ServerContext, UpstreamKey)>,
@@ -270,7 +279,7 @@ async fn finish(
     };
     // Side by side: a client that stopped reading must not hold up the cancel.
     let tell = async {
-        if let Some(err) = fatal.filter(|_| !mid_message) {
+        if let Some(err) = fatal.filter(|_| !quiet) {
             let _ = client.write_all(&err.to_response()).await;
         }
         let _ = client.shutdown().await;

@@ -527,3 +527,24 @@ async fn encryption_requests_are_answered_as_postgres_answers_them() {
     }
     still_fine(&bystander, &proxy).await;
 }
+
+/// A client that breaks the protocol inside COPY FROM STDIN: pgfence forwards what came
+/// before and ends the upstream's input, and Postgres ends the COPY with its own error and
+/// FATAL. That is the session's last word; pgfence adds no second FATAL.
+#[tokio::test]
+async fn a_violation_inside_copy_gets_one_fatal() {
+    let (db, proxy, bystander) = setup().await;
+    bystander.batch_execute("CREATE TABLE copied (v int)").await.unwrap();
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    let mut bytes = query("COPY copied FROM STDIN");
+    bytes.extend(message(b'd', b"1\n"));
+    // A malformed Query (no closing NUL), which pgfence refuses.
+    bytes.extend(message(b'Q', b"SELECT 1"));
+    raw.send(&bytes).await;
+    let rest = raw.read_until(|_| false).await;
+    assert!(raw.closed().await);
+    let fatal = |m: &crate::common::raw::Msg| m.tag == b'E' && m.body.windows(7).any(|w| w == b"SFATAL\0");
+    assert_eq!(rest.iter().filter(|m| fatal(m)).count(), 1, "{rest:?}");
+    assert_eq!(codes(&rest).last().map(String::as_str), Some("08P01"), "{rest:?}");
+    still_fine(&bystander, &proxy).await;
+}
