@@ -242,7 +242,8 @@ fn split_options(s: &str) -> Vec<String> {
                     cur.push(n);
                 }
             }
-            c if c.is_ascii_whitespace() => {
+            // C's `isspace`, as Postgres splits: Rust's ASCII whitespace and the vertical tab.
+            c if c.is_ascii_whitespace() || c == '\x0B' => {
                 if !cur.is_empty() {
                     words.push(std::mem::take(&mut cur));
                 }
@@ -311,6 +312,19 @@ mod tests {
         };
         assert_eq!(m.get("database"), Some("last"));
         assert_eq!(m.option_settings(), [("pgfence.epoch".to_owned(), "2".to_owned())]);
+    }
+
+    /// Postgres splits `options` where C's `isspace` is true, the vertical tab included.
+    #[test]
+    fn options_split_at_every_space_postgres_splits_at() {
+        for space in [" ", "\t", "\n", "\x0B", "\x0C", "\r"] {
+            let m = StartupMessage::new(0, vec![("options".into(), format!("-c{space}pgfence.epoch=5"))]);
+            assert_eq!(
+                m.option_settings(),
+                [("pgfence.epoch".to_owned(), "5".to_owned())],
+                "{space:?}"
+            );
+        }
     }
 
     #[test]
