@@ -203,12 +203,15 @@ async fn the_steady_state_calls_no_plpgsql_function() {
             .unwrap();
     }
     assert_eq!(since(start, both().await), (1, 0), "prepared");
-    // Still under the fence's lock, held shared to the transaction's end.
+    // Still under the fence's lock, held shared to the transaction's end. (Only this
+    // session's locks count: other tests share the cluster.)
+    let pid: i32 = direct.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let held: i64 = f
         .admin
         .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted",
-            &[],
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted \
+             AND pid = $1",
+            &[&pid],
         )
         .await
         .unwrap()
