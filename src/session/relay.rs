@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 
 use super::dispatch::{ANALYSE_APART, Dispatcher};
 use super::names;
-use super::state::{MAX_COPY_ENDS, MAX_PENDING, RESUME_PENDING, Shared, Verdict};
+use super::state::{MAX_COPY_ENDS, MAX_PENDING, Shared, Verdict};
 use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
 use crate::sql::lex::MAX_IDENT_BYTES;
 
@@ -36,11 +36,8 @@ const SERVER_INSPECT: usize = 1024 * 1024;
 const PG_MESSAGE_LIMIT: usize = 0x3fff_fffe;
 /// Buffers grown past this are released once empty.
 const SHRINK_ABOVE: usize = 1024 * 1024;
-/// Messages read whole past this size are looked at off the worker thread (see [`off_worker`]).
-const LONG_TEXT: usize = 256 * 1024;
-
-/// Runs `f`, which may take long (reading a statement of many megabytes takes a good part
-/// of a second), after handing this worker thread's other sessions to another thread, so
+/// Runs `f`, which may take long (handling a message of many megabytes, see
+/// [`ANALYSE_APART`]), after handing this worker thread's other sessions to another thread, so
 /// that none of them waits for it. Only a multi-threaded runtime can; on one thread `f`
 /// just runs.
 fn off_worker<T>(f: impl FnOnce() -> T) -> T {
@@ -262,7 +259,7 @@ where
                 }
                 disp.resync(&st);
                 let msg = &rb.buf[pos..pos + whole];
-                let handled = if whole > LONG_TEXT {
+                let handled = if whole > ANALYSE_APART {
                     off_worker(|| handle_client_message(h.tag, msg, total, &mut st, disp))
                 } else {
                     handle_client_message(h.tag, msg, total, &mut st, disp)
@@ -336,7 +333,7 @@ where
         while full {
             room.notified().await;
             let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
-            full = st.pending.len() > RESUME_PENDING && st.in_flight().0 > RESUME_PENDING;
+            full = !st.may_resume();
             st.reader_waiting = full;
         }
         rb.reserve(need);
@@ -598,7 +595,7 @@ where
             }
             drained = st.draining && st.idle() && stream.0 == 0;
             violation = st.violation.take();
-            if st.reader_waiting && (st.pending.len() <= RESUME_PENDING || st.in_flight().0 <= RESUME_PENDING) {
+            if st.reader_waiting && st.may_resume() {
                 st.reader_waiting = false;
                 room.notify_one();
             }

@@ -497,6 +497,12 @@ impl Shared {
         (self.pending.len() - copy_ends, copy_ends)
     }
 
+    /// Whether a client side that stopped reading at [`MAX_PENDING`] may read again: the
+    /// units awaiting a reply are down to [`RESUME_PENDING`].
+    pub fn may_resume(&self) -> bool {
+        self.pending.len() <= RESUME_PENDING || self.in_flight().0 <= RESUME_PENDING
+    }
+
     /// Nothing is in flight and no transaction is open, explicit or implicit: a draining
     /// shutdown may end the session here without losing anything the client was told.
     pub fn idle(&self) -> bool {

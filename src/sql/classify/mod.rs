@@ -307,7 +307,7 @@ impl Analyzer {
 pub struct Detached {
     fences: Arc<FenceSet>,
     /// How texts are lexed; its `standard_conforming_strings` is the analyzer's.
-    pub lexing: Lexing,
+    lexing: Lexing,
 }
 
 impl Detached {
