@@ -678,6 +678,14 @@ mod tests {
         m
     }
 
+    /// A dispatcher for a session of a database without fences.
+    fn dispatcher() -> Dispatcher {
+        Dispatcher::new(
+            Arc::new(DbFences::for_database(Arc::from(Vec::new()), "db")),
+            Declarations::default(),
+        )
+    }
+
     /// A session of the relay's two directions between a client's and Postgres' ends of two
     /// in-memory pipes, until one direction ends.
     async fn relay(client: tokio::io::DuplexStream, upstream: tokio::io::DuplexStream) -> End {
@@ -685,10 +693,7 @@ mod tests {
         let (mut ur, mut uw) = split(upstream);
         let shared = Mutex::new(Shared::new(Declarations::default()));
         let room = Notify::new();
-        let mut disp = Dispatcher::new(
-            Arc::new(DbFences::for_database(Arc::from(Vec::new()), "db")),
-            Declarations::default(),
-        );
+        let mut disp = dispatcher();
         let mid = AtomicBool::new(false);
         tokio::select! {
             end = client_to_upstream(&mut cr, &mut uw, &shared, &room, &mut disp, 1 << 20) => end,
@@ -766,10 +771,7 @@ mod tests {
         let (mut client_r, mut client_w) = split(client);
         let shared = Mutex::new(Shared::new(Declarations::default()));
         let room = Notify::new();
-        let mut disp = Dispatcher::new(
-            Arc::new(DbFences::for_database(Arc::from(Vec::new()), "db")),
-            Declarations::default(),
-        );
+        let mut disp = dispatcher();
         let sender = tokio::spawn(async move {
             client_w.write_all(&SYNC.repeat(SYNCS)).await.unwrap();
             client_w

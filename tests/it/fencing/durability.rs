@@ -184,14 +184,7 @@ async fn init_upgrades_a_version_1_schema_and_keeps_the_hwm() {
         .get(0);
     assert_eq!(hwm, 7);
     // Control: straight to Postgres the stale epoch's write lands.
-    assert_eq!(
-        connect(cluster.port(), &db, "")
-            .await
-            .execute(WRITE, &[])
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(write_directly(cluster, &db).await, 1);
 }
 
 /// An upgrade from schema version 5 under live sessions: statements they prepared before
@@ -225,14 +218,7 @@ async fn init_upgrades_a_version_5_schema_under_live_sessions() {
     assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
     assert_eq!(code(&old.batch_execute(WRITE).await), "PF001");
     // Control: straight to Postgres the stale epoch's write lands.
-    assert_eq!(
-        connect(cluster.port(), &db, "")
-            .await
-            .execute(WRITE, &[])
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(write_directly(cluster, &db).await, 1);
 }
 
 /// A schema dropped and installed again does not count changes from where a live session
@@ -287,4 +273,9 @@ async fn init_and_the_guard_work_in_a_latin1_database() {
     let s = connect(proxy.port(), name, &format!("-c pgfence.epoch={current}")).await;
     let r = s.batch_execute("DO 'begin update sweep_state set note = 1; end'").await;
     assert_eq!(code(&r), "PF004");
+}
+
+/// Runs [`WRITE`] straight against Postgres, as the controls do; returns the rows written.
+async fn write_directly(cluster: &Cluster, db: &str) -> u64 {
+    connect(cluster.port(), db, "").await.execute(WRITE, &[]).await.unwrap()
 }
