@@ -37,11 +37,28 @@ async fn installed_version(cluster: &Cluster, db: &str) -> i32 {
         .get(0)
 }
 
-fn write_config(text: &str) -> String {
-    let dir = crate::common::unique_temp_dir("cli");
+/// A config file in its own scratch directory, removed when this is dropped.
+struct ConfigFile {
+    path: String,
+    _dir: crate::common::ScratchDir,
+}
+
+impl std::ops::Deref for ConfigFile {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.path
+    }
+}
+
+fn write_config(text: &str) -> ConfigFile {
+    let dir = crate::common::ScratchDir::new("cli");
     let path = dir.join("pgfence.toml");
     std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    ConfigFile {
+        path: path.display().to_string(),
+        _dir: dir,
+    }
 }
 
 #[test]

@@ -10,7 +10,7 @@ const DEMO_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs `pgfence demo` with `env` added, killing it after [`DEMO_TIMEOUT`].
 fn run_demo(env: &[(&str, &str)]) -> (Output, Duration) {
-    let dir = crate::common::unique_temp_dir("pgfence-demo-test");
+    let dir = crate::common::ScratchDir::new("pgfence-demo-test");
     let (out, err) = (dir.join("stdout"), dir.join("stderr"));
     let started = Instant::now();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgfence"));
@@ -35,7 +35,6 @@ fn run_demo(env: &[(&str, &str)]) -> (Output, Duration) {
         stdout: read(&out).into_bytes(),
         stderr: read(&err).into_bytes(),
     };
-    let _ = std::fs::remove_dir_all(&dir);
     (output, started.elapsed())
 }
 

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::ScratchDir;
 use crate::common::inproc::Proxy;
 use crate::common::pg::Cluster;
 use crate::common::raw::{Raw, codes, query};
-use crate::common::unique_temp_dir;
 use crate::fencing::{Fixture, install};
 
 /// How long one driver script may run (it makes ~20 checks, one of them waits for a cancel).
@@ -46,7 +46,7 @@ fn require(what: &str, probe: &mut Command) {
 /// while we poll it.
 async fn run(mut cmd: Command, timeout: Duration) -> Output {
     tokio::task::spawn_blocking(move || {
-        let dir = unique_temp_dir("pgfence-driver");
+        let dir = ScratchDir::new("pgfence-driver");
         let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
         let child = cmd
             .stdin(Stdio::null())
@@ -72,7 +72,6 @@ async fn run(mut cmd: Command, timeout: Duration) -> Output {
             stdout: std::fs::read(&out_path).unwrap_or_default(),
             stderr: std::fs::read(&err_path).unwrap_or_default(),
         };
-        let _ = std::fs::remove_dir_all(&dir);
         output
     })
     .await
@@ -160,7 +159,7 @@ async fn psql(port: u16, db: &str, epoch: Option<i64>, extra: &[&str], script: &
 async fn psql_on_error_stop_script_stops_at_a_rejected_fenced_write() {
     let f = Fixture::new().await;
     let e1 = f.takeover("psql-a").await;
-    let dir = unique_temp_dir("psql-fence");
+    let dir = ScratchDir::new("psql-fence");
     let data = dir.join("rows.csv");
     std::fs::write(&data, "10,ten,0\n11,eleven,0\n").unwrap();
     let script = dir.join("leader.sql");

@@ -64,7 +64,7 @@ async fn psql_file(port: u16, db: &str, file: &std::path::Path) -> (String, Stri
 async fn psql_script_output_is_the_same_through_pgfence() {
     let cluster = Cluster::shared();
     let proxy = Proxy::start(cluster.port(), "").await;
-    let dir = crate::common::unique_temp_dir("psql");
+    let dir = crate::common::ScratchDir::new("psql");
     let data = dir.join("rows.csv");
     std::fs::write(&data, "1,one\n2,two\n3,three\n").unwrap();
     let script = dir.join("script.sql");
@@ -157,7 +157,7 @@ async fn pg_restore_of_a_dump_through_pgfence_needs_an_epoch_and_restores_whole(
         )
         .await
         .unwrap();
-    let dir = crate::common::unique_temp_dir("pg-restore");
+    let dir = crate::common::ScratchDir::new("pg-restore");
     let dump = dir.join("source.dump");
     let port = cluster.port().to_string();
     let mut cmd = Command::new(cluster.bin("pg_dump"));
@@ -202,5 +202,4 @@ async fn pg_restore_of_a_dump_through_pgfence_needs_an_epoch_and_restores_whole(
         let got: (i64, i64, bool, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
         assert_eq!(got, (50, 2, true, 1), "port {port}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

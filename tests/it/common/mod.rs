@@ -17,7 +17,8 @@ pub mod proxy;
 pub mod raw;
 
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::PathBuf;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,4 +44,29 @@ pub fn unique_temp_dir(prefix: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}-{nanos:x}", std::process::id()));
     std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     dir
+}
+
+/// A [`unique_temp_dir`] that is removed, with everything in it, when dropped: scratch space for
+/// one test's files (configs, scripts, captured output), left behind neither on success nor on a
+/// failed assertion.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(prefix: &str) -> Self {
+        Self(unique_temp_dir(prefix))
+    }
+}
+
+impl Deref for ScratchDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
