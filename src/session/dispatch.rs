@@ -73,8 +73,10 @@ impl Need {
     }
 }
 
-/// How many portals deep a `FETCH` of a portal whose statement is a `FETCH` is followed.
-const MAX_FETCH_DEPTH: usize = 4;
+/// How many steps from a statement to what it runs (SQL `EXECUTE` to a prepared statement,
+/// `FETCH`/`MOVE` to a portal's statement) pgfence follows; a statement further down may
+/// write any fence.
+const MAX_NESTING: usize = 8;
 
 /// The client-side half of a session.
 pub struct Dispatcher {
@@ -431,7 +433,12 @@ impl Dispatcher {
         if self.stands_alone(defs) {
             return as_is();
         }
-        match self.definitions_need(shared, defs, true) {
+        // Several definitions, one of which looks up what it runs when it runs: what that is
+        // may change before then.
+        if defs.len() > 1 && defs.iter().any(|d| runs_by_name(&d.analysis)) {
+            return self.anything();
+        }
+        match self.definitions_need(shared, defs, batch, 1) {
             // One definition writes what its own kind says.
             Need::Write(_) if defs.len() <= 1 => as_is(),
             need => self.need_analysis(need).unwrap_or_else(as_is),
@@ -491,43 +498,30 @@ impl Dispatcher {
     }
 
     /// Whether a definition's statement needs more than its own kind says when run by
-    /// name (see [`Self::definition_need`]).
+    /// name (see [`Self::run_need`]).
     fn widened(&self, kind: &StmtKind) -> bool {
         match kind {
-            StmtKind::Execute { .. } => true,
+            StmtKind::Execute { .. } | StmtKind::Fetch { .. } => true,
             StmtKind::Unanalysable { fences } => fences.is_empty(),
             StmtKind::Write { fences, .. } => self.any_rewrite(fences),
             _ => false,
         }
     }
 
-    /// What running one of `defs` may need: the union of their needs, and any fence
-    /// when there is none. `nested`: see [`Self::definition_need`].
-    fn definitions_need(&self, shared: &Shared, defs: &[Definition], nested: bool) -> Need {
+    /// What running one of `defs` may need, `depth` steps down (see [`Self::run_need`]):
+    /// the union of their needs, and any fence when there is none.
+    fn definitions_need(&self, shared: &Shared, defs: &[Definition], batch: u64, depth: usize) -> Need {
         if defs.is_empty() {
             return Need::Unanalysable(Vec::new());
         }
         let mut need = Need::None;
         for def in defs {
+            // Postgres refuses to prepare several statements under one name.
             if let [stmt] = def.analysis.statements.as_slice() {
-                need = need.union(self.definition_need(shared, &stmt.kind, nested));
+                need = need.union(self.run_need(shared, &stmt.kind, batch, depth));
             }
         }
         need
-    }
-
-    /// What one definition of a client statement needs when run by name. `nested`: an
-    /// `EXECUTE` in it is looked up once more (a definition can be `EXECUTE other`).
-    fn definition_need(&self, shared: &Shared, kind: &StmtKind, nested: bool) -> Need {
-        match kind {
-            StmtKind::Write { fences, .. } if self.any_rewrite(fences) => Need::Unanalysable(fences.clone()),
-            StmtKind::Execute { name } if nested && name != names::UNCERTAIN => {
-                let defs = shared.statements.get(name).map(Vec::as_slice).unwrap_or_default();
-                self.definitions_need(shared, defs, false)
-            }
-            StmtKind::Execute { .. } => Need::Unanalysable(Vec::new()),
-            kind => self.kind_need(kind),
-        }
     }
 
     /// A refusal (PF004) for a text that Postgres may read differently from pgfence and
@@ -928,13 +922,14 @@ impl Dispatcher {
     /// tell which declaration Postgres makes: it may write any fence, so it is refused.
     fn either(&self, shared: &Shared, a: &Analysis, b: Arc<Analysis>) -> Arc<Analysis> {
         let declares = |x: &Analysis| x.statements.iter().any(|s| matches!(s.kind, StmtKind::Declare(_)));
+        // What a portal of `EXECUTE`/`FETCH` runs is looked up when it runs, not now.
         let same = || {
             a.statements
                 .iter()
                 .map(|s| &s.kind)
                 .eq(b.statements.iter().map(|s| &s.kind))
         };
-        if (declares(a) || declares(&b)) && !same() {
+        if (declares(a) || declares(&b) || runs_by_name(a) || runs_by_name(&b)) && !same() {
             let anything = self.anything();
             if !anything.statements.is_empty() {
                 return anything;
@@ -942,7 +937,7 @@ impl Dispatcher {
         }
         let need = |x: &Analysis| match x.statements.as_slice() {
             [] => Need::None,
-            [stmt] => self.definition_need(shared, &stmt.kind, true),
+            [stmt] => self.run_need(shared, &stmt.kind, self.batch, 1),
             _ => Need::Unanalysable(Vec::new()),
         };
         self.need_analysis(need(a).union(need(&b))).unwrap_or(b)
@@ -1082,17 +1077,30 @@ impl Dispatcher {
         shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
     }
 
-    /// What a statement needs, resolving SQL-level EXECUTE through the statement's
-    /// definitions (see [`Self::resolve`]).
+    /// What a statement needs, following what it runs (see [`Self::run_need`]).
     fn need(&self, shared: &Shared, kind: &StmtKind, batch: u64) -> Need {
+        self.run_need(shared, kind, batch, 0)
+    }
+
+    /// What running `kind` in `batch` may need once pgfence follows what it runs: SQL
+    /// `EXECUTE` to every definition Postgres may hold under the name, SQL `FETCH`/`MOVE` to
+    /// the statement of every portal it may name, and on from there (a prepared `EXECUTE`
+    /// or `FETCH`, an `EXPLAIN ANALYZE EXECUTE`), `depth` being the steps taken so far:
+    /// beyond [`MAX_NESTING`] it may write any fence. Reached by a step, a write to a
+    /// rewrite-mode table counts as unanalysable: it runs as it was prepared or bound, and
+    /// pgfence rewrites only the statements run directly.
+    fn run_need(&self, shared: &Shared, kind: &StmtKind, batch: u64, depth: usize) -> Need {
         match kind {
+            StmtKind::Write { fences, .. } if depth > 0 && self.any_rewrite(fences) => {
+                Need::Unanalysable(fences.clone())
+            }
+            StmtKind::Execute { .. } | StmtKind::Fetch { .. } if depth >= MAX_NESTING => Need::Unanalysable(Vec::new()),
             StmtKind::Execute { name } if name == names::UNCERTAIN => Need::Unanalysable(Vec::new()),
             StmtKind::Execute { name } if self.missing(shared, name) => Need::Missing(name.clone()),
-            StmtKind::Execute { name } => match self.resolve(shared, name, batch).statements.as_slice() {
-                [stmt] => self.kind_need(&stmt.kind),
-                _ => Need::None,
-            },
-            StmtKind::Fetch { portals } => self.fetch_need(shared, portals, 0),
+            StmtKind::Execute { name } => {
+                self.definitions_need(shared, self.candidates(shared, name, batch), batch, depth + 1)
+            }
+            StmtKind::Fetch { portals } => self.fetch_need(shared, portals, batch, depth),
             kind => self.kind_need(kind),
         }
     }
@@ -1102,16 +1110,10 @@ impl Dispatcher {
     /// saw bound is a `DECLARE`d cursor, which only reads. Postgres runs a portal's write
     /// at its first fetch, and the portal lives on to the end of its transaction, so an
     /// Execute's guard does not cover a portal fetched this way.
-    /// A portal's statement can be a `FETCH` of another portal: followed `MAX_FETCH_DEPTH`
-    /// deep, then taken as one that may write any fence.
-    fn fetch_need(&self, shared: &Shared, portals: &[Option<String>], depth: usize) -> Need {
+    fn fetch_need(&self, shared: &Shared, portals: &[Option<String>], batch: u64, depth: usize) -> Need {
         let portal_need = |analysis: &Analysis| match analysis.statements.as_slice() {
             [] => Need::None,
-            [stmt] => match &stmt.kind {
-                StmtKind::Fetch { .. } if depth >= MAX_FETCH_DEPTH => Need::Unanalysable(Vec::new()),
-                StmtKind::Fetch { portals } => self.fetch_need(shared, portals, depth + 1),
-                kind => self.definition_need(shared, kind, true),
-            },
+            [stmt] => self.run_need(shared, &stmt.kind, batch, depth + 1),
             _ => Need::Unanalysable(Vec::new()),
         };
         let mut need = Need::None;
@@ -1129,8 +1131,8 @@ impl Dispatcher {
                 return Need::Unanalysable(Vec::new());
             }
             // A FETCH runs in a batch of its own: every unanswered Bind is from before it.
-            let batch = if self.maybe_in_block { u64::MAX } else { 0 };
-            for analysis in shared.portal_may_run(name, batch) {
+            let before = if self.maybe_in_block { u64::MAX } else { 0 };
+            for analysis in shared.portal_may_run(name, before) {
                 need = need.union(portal_need(analysis));
             }
         }
@@ -1321,6 +1323,14 @@ fn raise_block(r: &Rejection) -> String {
 /// could not key.
 fn uncertain_portal(shared: &Shared, name: &str) -> bool {
     shared.uncertain_portals.is_some() && names::not_ascii(name)
+}
+
+/// Whether `analysis` runs what a name holds when it runs: an SQL `EXECUTE` or `FETCH`/`MOVE`.
+fn runs_by_name(analysis: &Analysis) -> bool {
+    analysis
+        .statements
+        .iter()
+        .any(|s| matches!(s.kind, StmtKind::Execute { .. } | StmtKind::Fetch { .. }))
 }
 
 /// The statement and cursor names a statement of `kind` names.

@@ -462,3 +462,103 @@ async fn names_longer_than_a_bind_is_read_are_keyed_by_their_first_bytes() {
         }
     }
 }
+
+/// SQL `EXECUTE` of a prepared statement that itself runs something by name: an `EXECUTE`
+/// of a prepared write (several deep), an `EXPLAIN ANALYZE EXECUTE`, a `FETCH`/`MOVE` of a
+/// portal holding a write. Postgres follows every step
+/// when the statement runs, so pgfence checks what the last one writes. Before, it
+/// looked one step down and let the stale write through. Each form is run straight to
+/// Postgres too, where the write lands.
+#[tokio::test]
+async fn what_an_execute_runs_by_name_is_followed_to_the_write() {
+    const WRITE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+    let f = Fixture::at_epoch_two().await;
+    // (setup batches, each sent and read to its ReadyForQuery; then the Query run in a
+    // transaction).
+    let forms: Vec<(&str, Vec<Vec<u8>>, &str)> = vec![
+        (
+            "EXECUTE of a prepared EXECUTE",
+            vec![[parse("s", WRITE), parse("e", "EXECUTE s"), sync()].concat()],
+            "EXECUTE e",
+        ),
+        (
+            "three EXECUTEs deep, the write PREPAREd in SQL",
+            vec![
+                query(&format!("PREPARE s AS {WRITE}")),
+                [parse("e1", "EXECUTE s"), parse("e2", "EXECUTE e1"), sync()].concat(),
+            ],
+            "EXECUTE e2",
+        ),
+        (
+            "EXECUTE of a prepared EXPLAIN ANALYZE EXECUTE",
+            vec![[parse("s", WRITE), parse("e", "EXPLAIN ANALYZE EXECUTE s"), sync()].concat()],
+            "EXECUTE e",
+        ),
+        (
+            "EXECUTE of a prepared FETCH",
+            vec![
+                [parse("e", "FETCH ALL pp"), sync()].concat(),
+                [parse("", STALE_UPDATE), bind("pp", "", &[]), sync()].concat(),
+            ],
+            "EXECUTE e",
+        ),
+        (
+            "EXECUTE of a prepared MOVE",
+            vec![
+                [parse("e", "MOVE ALL pp"), sync()].concat(),
+                [parse("", STALE_UPDATE), bind("pp", "", &[]), sync()].concat(),
+            ],
+            "EXECUTE e",
+        ),
+    ];
+    for (what, setup, run) in &forms {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            f.admin
+                .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                .await
+                .unwrap();
+            let mut s = f.raw(port, "1", &[]).await;
+            s.simple("BEGIN").await;
+            for batch in setup {
+                s.send(batch).await;
+                let replies = s.read_until(|m| m.tag == b'Z').await;
+                assert_eq!(codes(&replies), Vec::<String>::new(), "{what}: setup");
+            }
+            let got = codes(&s.simple(run).await);
+            s.simple("COMMIT").await;
+            let note = f.note().await.0;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF001"], "{what}");
+                assert_eq!(note, "init", "{what}: the stale write committed");
+            } else {
+                assert_eq!(got, Vec::<String>::new(), "{what}: straight to Postgres");
+                assert_eq!(note, "stale", "{what}: the control's write landed");
+            }
+        }
+    }
+}
+
+/// The chain is followed 8 `EXECUTE`s down; one more is refused (`PF004`) even at the
+/// current epoch, where Postgres itself runs it.
+#[tokio::test]
+async fn a_chain_of_executes_is_followed_eight_steps() {
+    let f = Fixture::at_epoch_two().await;
+    let mut chain = vec![parse("e0", "UPDATE sweep_state SET note = 'chained' WHERE id = 1")];
+    for i in 1..=8 {
+        chain.push(parse(&format!("e{i}"), &format!("EXECUTE e{}", i - 1)));
+    }
+    chain.push(sync());
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "2", &[]).await;
+        s.send(&chain.concat()).await;
+        assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new());
+        assert_eq!(codes(&s.simple("EXECUTE e7").await), Vec::<String>::new(), "{port}");
+        let nine = codes(&s.simple("EXECUTE e8").await);
+        if port == f.proxy.port() {
+            assert_eq!(nine, ["PF004"]);
+        } else {
+            assert_eq!(nine, Vec::<String>::new());
+        }
+        assert_eq!(f.note().await.0, "chained");
+    }
+}

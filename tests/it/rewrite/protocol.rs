@@ -693,3 +693,35 @@ async fn a_cursor_over_a_rewrite_outlives_its_unnamed_statement() {
         s.simple("ROLLBACK").await;
     }
 }
+
+/// A portal bound to a rewrite-mode write by a session without an epoch, run by a prepared
+/// `FETCH` that SQL `EXECUTE` runs: pgfence follows the `EXECUTE` to the portal and refuses,
+/// as it refuses `FETCH` of that portal run directly. Before, the write ran as the client
+/// sent it, without the epoch check. Straight to Postgres (the control) it lands.
+#[tokio::test]
+async fn a_prepared_fetch_of_an_unrewritten_portal_is_refused() {
+    let f = fixture(false).await;
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id = 1 RETURNING id";
+    for port in [f.proxy.port(), f.cluster.port()] {
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+            .await
+            .unwrap();
+        let (mut s, started) = Raw::startup(port, &[("user", "postgres"), ("database", &f.db)]).await;
+        assert_eq!(started.last().map(|m| m.tag), Some(b'Z'));
+        s.send(&[parse("e", "FETCH ALL pp"), sync()].concat()).await;
+        assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "1Z");
+        s.simple("BEGIN").await;
+        s.send(&[parse("", write), bind("pp", "", &[]), sync()].concat()).await;
+        assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "12Z", "{port}");
+        let got = codes(&s.simple("EXECUTE e").await);
+        s.simple("COMMIT").await;
+        let note = f.note().await.0;
+        if port == f.proxy.port() {
+            assert!(got == ["PF002"] || got == ["PF004"], "{got:?}");
+            assert_eq!(note, "init", "the unchecked write committed");
+        } else {
+            assert_eq!((got.len(), note.as_str()), (0, "x"), "straight to Postgres");
+        }
+    }
+}
