@@ -67,12 +67,11 @@ async fn run(mut cmd: Command, timeout: Duration) -> Output {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        let output = Output {
+        Output {
             status,
             stdout: std::fs::read(&out_path).unwrap_or_default(),
             stderr: std::fs::read(&err_path).unwrap_or_default(),
-        };
-        output
+        }
     })
     .await
     .expect("join blocking task")
