@@ -70,8 +70,9 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
                 message: format!(
                     "pgfence: statement cannot be analysed and may write a table of fence {list}; refused"
                 ),
-                hint: "pgfence cannot see inside CALL, DO or statements it cannot parse; write fenced tables with \
-                       plain INSERT/UPDATE/DELETE/MERGE."
+                hint: "pgfence cannot see inside CALL, DO or statements it cannot parse, nor follow a chain of \
+                       prepared statements and portals far or one that changes the session; write fenced tables \
+                       with plain INSERT/UPDATE/DELETE/MERGE."
                     .into(),
             });
         }

@@ -237,11 +237,24 @@ impl Dispatcher {
             }
         }
         if analysis.is_plain() {
+            // A transaction's end drops the portals bound in it, when there are any.
+            let drops_portals = !shared.portals.is_empty()
+                && analysis
+                    .statements
+                    .iter()
+                    .any(|s| matches!(s.kind, StmtKind::EndTransaction { .. }));
+            let mut parts = Vec::new();
             for stmt in &analysis.statements {
                 self.speculate_end(&stmt.kind);
+                if drops_portals {
+                    parts.push(Part {
+                        injected: None,
+                        effect: note_portals_gone(shared, &stmt.kind),
+                    });
+                }
             }
             shared.pending.push_back(Unit::Query {
-                parts: Vec::new(),
+                parts,
                 done: 0,
                 positions: None,
             });
@@ -357,6 +370,7 @@ impl Dispatcher {
         }
         self.note_prepare(shared, kind, batch)
             .or_else(|| self.note_deallocate(shared, kind, answered_at))
+            .or_else(|| note_portals_gone(shared, kind))
     }
 
     /// A statement that may drop prepared statements, answered when
@@ -1098,7 +1112,15 @@ impl Dispatcher {
             StmtKind::Execute { name } if name == names::UNCERTAIN => Need::Unanalysable(Vec::new()),
             StmtKind::Execute { name } if self.missing(shared, name) => Need::Missing(name.clone()),
             StmtKind::Execute { name } => {
-                self.definitions_need(shared, self.candidates(shared, name, batch), batch, depth + 1)
+                let defs = self.candidates(shared, name, batch);
+                // A statement that changes the session (a declaration, a statement name, a
+                // savepoint, the transaction) prepared with the protocol and run by SQL
+                // `EXECUTE`: Postgres applies it, while pgfence, which sees an EXECUTE,
+                // would not.
+                if defs.iter().any(|d| changes_session(&d.analysis)) {
+                    return Need::Unanalysable(Vec::new());
+                }
+                self.definitions_need(shared, defs, batch, depth + 1)
             }
             StmtKind::Fetch { portals } => self.fetch_need(shared, portals, batch, depth),
             kind => self.kind_need(kind),
@@ -1163,7 +1185,8 @@ impl Dispatcher {
             let names: Vec<&mut String> = match &mut stmt.kind {
                 StmtKind::Prepare { name, .. }
                 | StmtKind::Execute { name }
-                | StmtKind::Deallocate { name: Some(name) } => {
+                | StmtKind::Deallocate { name: Some(name) }
+                | StmtKind::Close { portal: Some(name) } => {
                     vec![name]
                 }
                 StmtKind::Fetch { portals } => portals.iter_mut().flatten().collect(),
@@ -1234,6 +1257,14 @@ impl Dispatcher {
         match need {
             Need::None => None,
             Need::Write(f) => Some(policy::decide(Access::Write(&f), declared, names, applicable)),
+            // None listed: any fence of this database, and nothing to refuse without one.
+            Need::Unanalysable(f) if f.is_empty() && applicable.is_empty() => None,
+            Need::Unanalysable(f) if f.is_empty() => Some(policy::decide(
+                Access::Unanalysable(applicable),
+                declared,
+                names,
+                applicable,
+            )),
             Need::Unanalysable(f) => Some(policy::decide(Access::Unanalysable(&f), declared, names, applicable)),
             Need::Missing(name) => {
                 let list = applicable
@@ -1325,6 +1356,37 @@ fn uncertain_portal(shared: &Shared, name: &str) -> bool {
     shared.uncertain_portals.is_some() && names::not_ascii(name)
 }
 
+/// The portals a statement drops when it completes: the one SQL `CLOSE name` names, or
+/// every one Postgres holds for `CLOSE ALL` and at the end of a transaction (portals the
+/// protocol binds are never holdable). Binds sent after it are not touched.
+fn note_portals_gone(shared: &Shared, kind: &StmtKind) -> Option<Effect> {
+    let portal = match kind {
+        StmtKind::Close { portal: Some(name) } if name == names::UNCERTAIN => return None,
+        StmtKind::Close { portal } => portal.clone(),
+        StmtKind::EndTransaction { .. } => None,
+        _ => return None,
+    };
+    Some(Effect::PortalsGone {
+        portal,
+        upto: shared.binds,
+    })
+}
+
+/// Whether `analysis` changes what pgfence tracks of the session when it completes: a
+/// declaration, a statement name, a savepoint or the transaction.
+fn changes_session(analysis: &Analysis) -> bool {
+    analysis.statements.iter().any(|s| {
+        matches!(
+            s.kind,
+            StmtKind::Declare(_)
+                | StmtKind::Prepare { .. }
+                | StmtKind::Deallocate { .. }
+                | StmtKind::Savepoint(_)
+                | StmtKind::EndTransaction { .. }
+        )
+    })
+}
+
 /// Whether `analysis` runs what a name holds when it runs: an SQL `EXECUTE` or `FETCH`/`MOVE`.
 fn runs_by_name(analysis: &Analysis) -> bool {
     analysis
@@ -1336,9 +1398,10 @@ fn runs_by_name(analysis: &Analysis) -> bool {
 /// The statement and cursor names a statement of `kind` names.
 fn sql_names(kind: &StmtKind) -> impl Iterator<Item = &str> {
     let (one, many) = match kind {
-        StmtKind::Prepare { name, .. } | StmtKind::Execute { name } | StmtKind::Deallocate { name: Some(name) } => {
-            (Some(name.as_str()), &[][..])
-        }
+        StmtKind::Prepare { name, .. }
+        | StmtKind::Execute { name }
+        | StmtKind::Deallocate { name: Some(name) }
+        | StmtKind::Close { portal: Some(name) } => (Some(name.as_str()), &[][..]),
         StmtKind::Fetch { portals } => (None, portals.as_slice()),
         _ => (None, &[][..]),
     };

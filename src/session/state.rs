@@ -162,6 +162,15 @@ pub enum Effect {
     /// A client's `DEALLOCATE name` succeeded: the definitions up to this one are gone
     /// (and pgfence's own statement, when the name is one of its).
     Deallocated(Defined),
+    /// Portals are gone: the one named (SQL `CLOSE name`), or every one (`CLOSE ALL`, the
+    /// end of the transaction), bound by the client's Binds numbered up to `upto`
+    /// ([`Shared::binds`]); those bound after stay.
+    PortalsGone {
+        /// The portal, `None` for all of them.
+        portal: Option<String>,
+        /// The last Bind sent before the statement.
+        upto: u64,
+    },
 }
 
 /// A client statement name with the number of a definition (or of the last definition
@@ -209,7 +218,7 @@ impl Effect {
             }
             Effect::ResetAll | Effect::DiscardAll(_) => declared.reset_all(),
             Effect::Savepoint(op) => declared.savepoint(&op),
-            Effect::Prepared(_) | Effect::Deallocated(_) | Effect::DeallocatedAll(_) => {}
+            Effect::Prepared(_) | Effect::Deallocated(_) | Effect::DeallocatedAll(_) | Effect::PortalsGone { .. } => {}
         }
     }
 }
@@ -886,6 +895,13 @@ impl Shared {
                 });
                 self.confirmed.retain(|_, id| *id > upto);
             }
+            Effect::PortalsGone {
+                portal: Some(name),
+                upto,
+            } if self.portals.get(name).is_some_and(|e| e.bind <= *upto) => {
+                self.portals.remove(name);
+            }
+            Effect::PortalsGone { portal: None, upto } => self.portals.retain(|_, e| e.bind > *upto),
             _ => {}
         }
         effect.apply_to(&mut self.declared);

@@ -227,6 +227,23 @@ impl Ctx<'_> {
         StmtKind::Fetch { portals }
     }
 
+    /// `CLOSE {name | ALL}`.
+    pub(super) fn close(&self, span: &Range<usize>) -> StmtKind {
+        let mut c = Cur::new(self.text(span), self.lexing);
+        c.toks.next();
+        if c.peek_is_word("all") {
+            c.toks.next();
+            if c.done() {
+                return StmtKind::Close { portal: None };
+            }
+            return StmtKind::Other;
+        }
+        match c.decoded_ident() {
+            Some(portal) if c.done() => StmtKind::Close { portal: Some(portal) },
+            _ => StmtKind::Other,
+        }
+    }
+
     /// `DEALLOCATE [PREPARE] {name | ALL}`. A name that cannot be read is
     /// refused (every fence, PF004): it could be one of pgfence's statements,
     /// which a client must not drop and replace with its own.

@@ -123,6 +123,12 @@ pub enum StmtKind {
         /// Candidate portal names, normalised as identifiers.
         portals: Vec<Option<String>>,
     },
+    /// SQL `CLOSE name` (`Some`, normalised as an identifier) or `CLOSE ALL` (`None`):
+    /// drops portals. A name that cannot be read is `Other` (nothing is known dropped).
+    Close {
+        /// The portal name, `None` for ALL.
+        portal: Option<String>,
+    },
     /// `DEALLOCATE [PREPARE] name` (`Some`) or `DEALLOCATE ALL` (`None`).
     Deallocate {
         /// The statement name, `None` for ALL.
@@ -396,6 +402,7 @@ impl<'a> Ctx<'a> {
             "execute" => self.execute(&span),
             "fetch" | "move" => self.fetch(&span),
             "deallocate" => self.deallocate(&span),
+            "close" => self.close(&span),
             "explain" => self.explain(span, depth),
             "copy" => self.copy(span, depth),
             "do" | "call" => self.routine_call(&span),

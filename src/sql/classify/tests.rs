@@ -32,6 +32,8 @@ fn render(k: &StmtKind) -> String {
         StmtKind::Execute { name } => format!("execute {name}"),
         StmtKind::Deallocate { name: Some(n) } => format!("deallocate {n}"),
         StmtKind::Deallocate { name: None } => "deallocate all".into(),
+        StmtKind::Close { portal: Some(p) } => format!("close {p}"),
+        StmtKind::Close { portal: None } => "close-all".into(),
         StmtKind::Fetch { portals } => format!(
             "fetch {}",
             portals
@@ -398,6 +400,13 @@ const ROWS: &[(&str, &str)] = &[
     ("DEALLOCATE p", "deallocate p"),
     ("DEALLOCATE PREPARE \"P\"", "deallocate P"),
     ("DEALLOCATE ALL", "deallocate all"),
+    ("CLOSE pp", "close pp"),
+    ("close \"Pp\"", "close Pp"),
+    ("CLOSE ALL", "close-all"),
+    ("CLOSE \"all\"", "close all"),
+    ("CLOSE U&\"\\0070\"", "close p"),
+    ("CLOSE U&\"\\0000\"", "other"),
+    ("CLOSE a b", "other"),
     // U&"…" statement names decode as Postgres decodes them; unreadable ones fail closed.
     (
         "PREPARE U&\"\\0070\" AS DELETE FROM invoices",

@@ -562,3 +562,171 @@ async fn a_chain_of_executes_is_followed_eight_steps() {
         assert_eq!(f.note().await.0, "chained");
     }
 }
+
+/// A statement that changes what pgfence tracks of the session, prepared with the protocol
+/// (Parse takes any statement) and run by SQL `EXECUTE`: Postgres applies it, and pgfence,
+/// which sees an `EXECUTE`, would not. Before, each of these let a stale write through
+/// afterwards: a statement name redefined behind pgfence's back, an epoch lowered without
+/// pgfence knowing, a rollback to a savepoint taken for the end of the transaction. Now the
+/// `EXECUTE` is refused (`PF004`) on a database with fences; straight to Postgres (the
+/// control) the same script ends with the stale write committed.
+#[tokio::test]
+async fn a_session_change_run_by_sql_execute_is_refused() {
+    let f = Fixture::at_epoch_two().await;
+    let write = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+    /// The epoch declared at startup, setup batches, the refused Query, then what writes.
+    struct Script {
+        what: &'static str,
+        epoch: &'static str,
+        setup: Vec<Vec<u8>>,
+        execute: &'static str,
+        then: String,
+    }
+    let scripts = [
+        Script {
+            what: "a DEALLOCATE and a PREPARE of a read's name",
+            epoch: "1",
+            setup: vec![
+                query("PREPARE w AS SELECT 1"),
+                [
+                    parse("d", "DEALLOCATE w"),
+                    parse("p", &format!("PREPARE w AS {write}")),
+                    sync(),
+                ]
+                .concat(),
+            ],
+            execute: "EXECUTE d",
+            then: "EXECUTE p; EXECUTE w".into(),
+        },
+        Script {
+            what: "a SET of the epoch",
+            epoch: "2",
+            setup: vec![[parse("se", "SET pgfence.epoch = 1"), sync()].concat()],
+            execute: "EXECUTE se",
+            then: write.into(),
+        },
+        Script {
+            what: "a ROLLBACK TO SAVEPOINT",
+            epoch: "2",
+            setup: vec![
+                [parse("rb", "ROLLBACK TO SAVEPOINT a"), sync()].concat(),
+                query("BEGIN; SET pgfence.epoch = 1; SAVEPOINT a"),
+            ],
+            execute: "EXECUTE rb",
+            then: write.into(),
+        },
+    ];
+    for Script {
+        what,
+        epoch,
+        setup,
+        execute,
+        then,
+    } in &scripts
+    {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            f.admin
+                .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                .await
+                .unwrap();
+            let mut s = f.raw(port, epoch, &[]).await;
+            for batch in setup {
+                s.send(batch).await;
+                let replies = s.read_until(|m| m.tag == b'Z').await;
+                assert_eq!(codes(&replies), Vec::<String>::new(), "{what}: setup");
+            }
+            let got = codes(&s.simple(execute).await);
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF004"], "{what}");
+            } else {
+                assert_eq!(got, Vec::<String>::new(), "{what}: straight to Postgres");
+                s.simple(then).await;
+                s.simple("COMMIT").await;
+                assert_eq!(f.note().await.0, "stale", "{what}: the control's write landed");
+            }
+        }
+    }
+}
+
+/// On a database no fence applies to, nothing is refused for being beyond pgfence's sight:
+/// a chain deeper than it follows runs as straight to Postgres.
+#[tokio::test]
+async fn a_database_without_fences_runs_any_chain() {
+    let toml = "[[fence]]\nname = \"sweeper\"\ndatabase = \"elsewhere\"\ntables = [\"public.sweep_state\"]\n";
+    let f = Fixture::with(crate::common::pg::Cluster::shared(), toml).await;
+    let mut chain = vec![parse("e0", "UPDATE sweep_state SET note = 'deep' WHERE id = 1")];
+    for i in 1..=10 {
+        chain.push(parse(&format!("e{i}"), &format!("EXECUTE e{}", i - 1)));
+    }
+    chain.push(parse("se", "SET pgfence.epoch = 1"));
+    chain.push(sync());
+    let (mut s, started) = Raw::startup(f.proxy.port(), &[("user", "postgres"), ("database", &f.db)]).await;
+    assert_eq!(started.last().map(|m| m.tag), Some(b'Z'));
+    s.send(&chain.concat()).await;
+    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new());
+    assert_eq!(codes(&s.simple("EXECUTE e10").await), Vec::<String>::new());
+    assert_eq!(codes(&s.simple("EXECUTE se").await), Vec::<String>::new());
+    assert_eq!(f.note().await.0, "deep");
+}
+
+/// A portal is forgotten when Postgres drops it: SQL `CLOSE` of it, `CLOSE ALL`, or the end
+/// of its transaction (a `COMMIT` or `ROLLBACK` in the middle of a string included). Its
+/// name can then be a read cursor's, and fetching from that is a read, as straight to
+/// Postgres; before, it was refused as the write the old portal held. A portal that is
+/// still there is still checked: one `CLOSE` does not name, and one bound after the
+/// transaction's end in the same pipeline.
+#[tokio::test]
+async fn a_portal_closed_or_ended_is_forgotten_and_no_other() {
+    let f = Fixture::at_epoch_two().await;
+    let read_again = "DECLARE pp CURSOR FOR SELECT 42";
+    for (what, drop_it) in [
+        ("CLOSE", "CLOSE pp"),
+        ("CLOSE ALL", "CLOSE ALL"),
+        ("ROLLBACK in a string", "ROLLBACK; BEGIN"),
+        ("COMMIT AND CHAIN", "COMMIT AND CHAIN"),
+    ] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let mut s = f.raw(port, "1", &[]).await;
+            s.simple("BEGIN").await;
+            bind_portal(&mut s, "pp", STALE_UPDATE).await;
+            assert_eq!(codes(&s.simple(drop_it).await), Vec::<String>::new(), "{what}");
+            assert_eq!(codes(&s.simple(read_again).await), Vec::<String>::new(), "{what}");
+            let fetched = s.simple("FETCH pp").await;
+            assert_eq!(
+                (codes(&fetched), tags(&fetched)),
+                (vec![], "TDCZ".into()),
+                "{what}: {port}"
+            );
+            s.simple("ROLLBACK").await;
+        }
+    }
+    // Still there: CLOSE of another portal leaves it.
+    let mut s = f.raw(f.proxy.port(), "1", &[]).await;
+    s.simple("BEGIN").await;
+    bind_portal(&mut s, "pp", STALE_UPDATE).await;
+    s.send(&[parse("", "SELECT 1"), bind("other", "", &[]), sync()].concat())
+        .await;
+    let bound = s.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(tags(&bound), "12Z", "{:?}", crate::common::raw::codes(&bound));
+    assert_eq!(codes(&s.simple("CLOSE other").await), Vec::<String>::new());
+    assert_eq!(codes(&s.simple("FETCH pp").await), ["PF001"]);
+    s.simple("ROLLBACK").await;
+    // Bound after a COMMIT that is still in flight: the COMMIT does not drop it.
+    s.send(
+        &[
+            query("BEGIN"),
+            query("COMMIT; BEGIN"),
+            parse("", STALE_UPDATE),
+            bind("pp", "", &[]),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    s.read_until(|m| m.tag == b'Z').await;
+    s.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "12Z");
+    assert_eq!(codes(&s.simple("FETCH ALL pp").await), ["PF001"]);
+    s.simple("ROLLBACK").await;
+    assert_eq!(f.note().await.0, "init");
+}
