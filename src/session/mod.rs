@@ -159,7 +159,7 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
     let busy = matches!(end, End::Drained) && !shared.lock().unwrap_or_else(|p| p.into_inner()).pending.is_empty();
     let cancel = busy.then(|| (ctx, cancel_key.upstream()));
     let quiet = mid_message.into_inner() || (said && matches!(end, End::ClientProtocol(_)));
-    let ending = finish(end, quiet, &mut client, &mut upstream, cancel);
+    let ending = finish(end, quiet, &mut client, upstream, cancel);
     last_words(ctx, limit, ending.instrument(span)).await;
 }
 
@@ -251,13 +251,13 @@ impl<F: Future> Future for OnWake<F> {
 /// too, only closes the connection then. (`quiet` also when Postgres' own error ended a
 /// session the client broke.)
 ///
-/// `cancel`: Postgres still works for the session; its backend gets a cancel request
-/// while the client is told, before the upstream is closed.
+/// `cancel`: Postgres still works for the session; the upstream connection is reset and
+/// its backend gets a cancel request while the client is told.
 async fn finish(
     end: End,
     quiet: bool,
     client: &mut TcpStream,
-    upstream: &mut TcpStream,
+    mut upstream: TcpStream,
     cancel: Option<(&ServerContext, UpstreamKey)>,
 ) {
     let fatal = match &end {
@@ -284,12 +284,19 @@ async fn finish(
         }
         let _ = client.shutdown().await;
     };
-    let stop = async {
-        if let Some((ctx, key)) = cancel {
-            ctx.cancel_upstream(key).await;
-        }
-    };
-    tokio::join!(tell, stop);
+    if let Some((ctx, key)) = cancel {
+        // Postgres' own shutdown ends the backend; pgfence cannot, and the cancel stops only
+        // the statement running. What the client sent after it is in the backend's input
+        // already and would run, and commit, while the client is told 57P01. So the
+        // connection is reset first: the cancelled statement's reply then finds the client
+        // gone, and the backend ends at its next interrupt check, before it commits more.
+        let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+        drop(upstream);
+        tokio::join!(tell, ctx.cancel_upstream(key));
+        debug!(?end, "session closed");
+        return;
+    }
+    tell.await;
     // Closing the upstream socket ends its backend, which rolls back any open transaction.
     let mut terminate = BytesMut::new();
     if !matches!(end, End::ClientTerminated | End::UpstreamGone { .. }) {

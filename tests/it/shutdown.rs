@@ -471,3 +471,51 @@ async fn a_copy_whose_transaction_end_came_ahead_drains_at_once() {
         drains_at_once(&admin, &mut proxy, &mut raw, replies).await;
     }
 }
+
+/// Work pipelined behind the statement shutdown cuts short, already sent to Postgres, does
+/// not run on and commit once the client was told 57P01: Postgres' own shutdown ends the
+/// backend, and pgfence, which cannot, resets the connection before it cancels, so the
+/// backend finds its client gone before it commits anything more. Before, the INSERT queued
+/// behind the sleep committed.
+#[tokio::test]
+async fn work_pipelined_behind_a_cut_statement_does_not_commit() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let admin = cluster.admin(&db).await;
+    admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
+    for signal in ["TERM", "INT"] {
+        let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 1");
+        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+        raw.send(
+            &[
+                query(&format!("SELECT pg_sleep(3) /* pipelined {signal} */")),
+                query("INSERT INTO t VALUES (1)"),
+                run_unnamed("INSERT INTO t VALUES (2)"),
+                sync(),
+            ]
+            .concat(),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.signal(signal);
+        let rest = raw.read_until(|_| false).await;
+        assert_eq!(codes(&rest), ["57P01"], "SIG{signal}: {rest:?}");
+        let status = proxy.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.is_some_and(|s| s.success()), "SIG{signal}: {status:?}");
+        // Long enough for the queued INSERTs to have run, had the backend gone on.
+        let gone = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid() \
+             AND (query LIKE '%pg_sleep(3) /* pipelined {signal}%' OR query LIKE 'INSERT INTO t VALUES%')"
+        );
+        for _ in 0..100 {
+            let n: i64 = admin.query_one(&gone, &[]).await.unwrap().get(0);
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let n: i64 = admin.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+        assert_eq!(n, 0, "SIG{signal}: work queued behind the cut statement committed");
+    }
+}
