@@ -936,13 +936,13 @@ impl Dispatcher {
     /// tell which declaration Postgres makes: it may write any fence, so it is refused.
     fn either(&self, shared: &Shared, a: &Analysis, b: Arc<Analysis>) -> Arc<Analysis> {
         let declares = |x: &Analysis| x.statements.iter().any(|s| matches!(s.kind, StmtKind::Declare(_)));
-        // What a portal of `EXECUTE`/`FETCH` runs is looked up when it runs, not now.
         let same = || {
             a.statements
                 .iter()
                 .map(|s| &s.kind)
                 .eq(b.statements.iter().map(|s| &s.kind))
         };
+        // What a portal of `EXECUTE`/`FETCH` runs is looked up when it runs, not now.
         if (declares(a) || declares(&b) || runs_by_name(a) || runs_by_name(&b)) && !same() {
             let anything = self.anything();
             if !anything.statements.is_empty() {
@@ -1257,15 +1257,15 @@ impl Dispatcher {
         match need {
             Need::None => None,
             Need::Write(f) => Some(policy::decide(Access::Write(&f), declared, names, applicable)),
-            // None listed: any fence of this database, and nothing to refuse without one.
-            Need::Unanalysable(f) if f.is_empty() && applicable.is_empty() => None,
-            Need::Unanalysable(f) if f.is_empty() => Some(policy::decide(
-                Access::Unanalysable(applicable),
-                declared,
-                names,
-                applicable,
-            )),
-            Need::Unanalysable(f) => Some(policy::decide(Access::Unanalysable(&f), declared, names, applicable)),
+            Need::Unanalysable(f) => {
+                // None listed: any fence of this database, and nothing to refuse without one.
+                let fences = if f.is_empty() {
+                    applicable.as_slice()
+                } else {
+                    f.as_slice()
+                };
+                (!fences.is_empty()).then(|| policy::decide(Access::Unanalysable(fences), declared, names, applicable))
+            }
             Need::Missing(name) => {
                 let list = applicable
                     .iter()

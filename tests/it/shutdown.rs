@@ -307,6 +307,23 @@ async fn nothing_of_pgfence_follows_part_of_a_message_at_shutdown() {
     }
 }
 
+/// Sends `work` through a proxy with a 1 s grace period, signals it 300 ms later, and
+/// checks that the client is told 57P01 and the proxy exits cleanly; returns when the signal
+/// was sent.
+async fn cut_short(cluster: &Cluster, db: &str, signal: &str, work: &[u8]) -> Instant {
+    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 1");
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", db)]).await;
+    raw.send(work).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    proxy.signal(signal);
+    let rest = raw.read_until(|_| false).await;
+    assert_eq!(codes(&rest), ["57P01"], "SIG{signal}: {rest:?}");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "SIG{signal}: {status:?}");
+    started
+}
+
 #[tokio::test]
 async fn a_statement_cut_short_by_shutdown_is_cancelled_not_left_to_commit() {
     let cluster = Cluster::shared();
@@ -314,20 +331,9 @@ async fn a_statement_cut_short_by_shutdown_is_cancelled_not_left_to_commit() {
     let admin = cluster.admin(&db).await;
     admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
     for signal in ["TERM", "INT"] {
-        let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 1");
-        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
         // One implicit transaction: the row commits only if the sleep runs to its end.
-        raw.send(&query(&format!(
-            "INSERT INTO t VALUES (1); SELECT pg_sleep(3) /* {signal} */"
-        )))
-        .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let started = Instant::now();
-        proxy.signal(signal);
-        let rest = raw.read_until(|_| false).await;
-        assert_eq!(codes(&rest), ["57P01"], "SIG{signal}: {rest:?}");
-        let status = proxy.wait_exit(Duration::from_secs(10)).await;
-        assert!(status.is_some_and(|s| s.success()), "SIG{signal}: {status:?}");
+        let work = query(&format!("INSERT INTO t VALUES (1); SELECT pg_sleep(3) /* {signal} */"));
+        let started = cut_short(cluster, &db, signal, &work).await;
         // The backend stops with the session instead of sleeping on and committing.
         let sleeping = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(3) /* {signal}%' AND pid <> pg_backend_pid()"
@@ -484,24 +490,14 @@ async fn work_pipelined_behind_a_cut_statement_does_not_commit() {
     let admin = cluster.admin(&db).await;
     admin.batch_execute("CREATE TABLE t (v int)").await.unwrap();
     for signal in ["TERM", "INT"] {
-        let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 1");
-        let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
-        raw.send(
-            &[
-                query(&format!("SELECT pg_sleep(3) /* pipelined {signal} */")),
-                query("INSERT INTO t VALUES (1)"),
-                run_unnamed("INSERT INTO t VALUES (2)"),
-                sync(),
-            ]
-            .concat(),
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        proxy.signal(signal);
-        let rest = raw.read_until(|_| false).await;
-        assert_eq!(codes(&rest), ["57P01"], "SIG{signal}: {rest:?}");
-        let status = proxy.wait_exit(Duration::from_secs(10)).await;
-        assert!(status.is_some_and(|s| s.success()), "SIG{signal}: {status:?}");
+        let work = [
+            query(&format!("SELECT pg_sleep(3) /* pipelined {signal} */")),
+            query("INSERT INTO t VALUES (1)"),
+            run_unnamed("INSERT INTO t VALUES (2)"),
+            sync(),
+        ]
+        .concat();
+        cut_short(cluster, &db, signal, &work).await;
         // Long enough for the queued INSERTs to have run, had the backend gone on.
         let gone = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid() \
