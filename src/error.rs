@@ -72,7 +72,7 @@ pub enum ProxyError {
     #[error("pgfence: terminating connection due to administrator command")]
     Shutdown,
     /// An epoch declared in the startup packet is not valid.
-    #[error("pgfence: invalid value for pgfence.epoch: {0}")]
+    #[error("pgfence: invalid value for {0}")]
     InvalidStartupEpoch(String),
     /// A request pgfence does not serve (e.g. replication connections).
     #[error("pgfence: {0}")]

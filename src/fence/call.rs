@@ -32,21 +32,26 @@ pub const GUARD_PARAM_TYPES: [u32; 4] = [25, 20, 25, 16];
 /// to Postgres, one statement per transaction). Same text in both protocols.
 pub const PROBE_SQL: &str = "SELECT 'pgfence.fence'::pg_catalog.regclass";
 
-/// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint (all `text`).
-pub const REJECT_SQL: &str = "SELECT pgfence.reject($1, $2, $3)";
+/// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint (all
+/// `text`), `$4` the fences whose current epochs Postgres appends to the message (`text[]`,
+/// as [`fences_param`] writes it). Schema version 7.
+pub const REJECT_SQL: &str = "SELECT pgfence.reject($1, $2, $3, $4)";
 
-/// Parameter type OIDs of [`REJECT_SQL`] for a Parse message: text, text, text.
-pub const REJECT_PARAM_TYPES: [u32; 3] = [25, 25, 25];
+/// Parameter type OIDs of [`REJECT_SQL`] for a Parse message: text, text, text, text[].
+pub const REJECT_PARAM_TYPES: [u32; 4] = [25, 25, 25, TEXT_ARRAY];
+
+/// `text[]`.
+const TEXT_ARRAY: u32 = 1009;
 
 /// A rejection that Postgres raises only if the session holds a prepared statement named
 /// `$4`: for SQL `EXECUTE` of a name pgfence has seen no definition of. Without one,
 /// nothing is raised and the `EXECUTE` fails as Postgres fails it (26000); with one (made
 /// where pgfence cannot see, inside a function or `DO`), the rejection stands.
-pub const REJECT_IF_PREPARED_SQL: &str =
-    "SELECT pgfence.reject($1, $2, $3) FROM pg_catalog.pg_prepared_statements WHERE name OPERATOR(pg_catalog.=) $4";
+pub const REJECT_IF_PREPARED_SQL: &str = "SELECT pgfence.reject($1, $2, $3, $4) FROM pg_catalog.pg_prepared_statements \
+                                          WHERE name OPERATOR(pg_catalog.=) $5";
 
-/// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: text, text, text, text.
-pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 4] = [25, 25, 25, 25];
+/// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: those of [`REJECT_SQL`], then text.
+pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 5] = [25, 25, 25, TEXT_ARRAY, 25];
 
 /// The guard call for the simple protocol, without a trailing semicolon, e.g.
 /// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`.
@@ -94,24 +99,50 @@ pub fn guard_params(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_h
 }
 
 /// A call that makes Postgres raise `code` with `message` and `hint` (empty: no hint),
-/// for the simple protocol, without a trailing semicolon. Used for PF002/PF004 so that
-/// a database without the `pgfence` schema answers 3F000/42883 (reported as PF005).
-pub fn reject_call(code: &str, message: &str, hint: &str) -> String {
-    let mut sql = String::with_capacity(48 + code.len() + message.len() + hint.len());
+/// with the current epoch of each of `fences` appended to the message, for the simple
+/// protocol, without a trailing semicolon. Used for PF002/PF004 so that a database without
+/// the `pgfence` schema answers 3F000 (42883 when its schema is older than version 7),
+/// reported as PF005.
+pub fn reject_call(code: &str, message: &str, hint: &str, fences: &[&str]) -> String {
+    let mut sql = String::with_capacity(80 + code.len() + message.len() + hint.len());
     sql.push_str("SELECT pgfence.reject(");
     push_literal(&mut sql, code);
     sql.push_str(", ");
     push_literal(&mut sql, message);
     sql.push_str(", ");
     push_literal(&mut sql, hint);
-    sql.push(')');
+    sql.push_str(", ");
+    push_literal(&mut sql, &fences_param(fences));
+    sql.push_str("::pg_catalog.text[])");
     sql
+}
+
+/// `fences` as the text form of a `text[]`, the fourth parameter of [`REJECT_SQL`]: every
+/// element double-quoted, with `"` and `\` escaped by a backslash (array input reads them so
+/// whatever `standard_conforming_strings` says).
+pub fn fences_param(fences: &[&str]) -> String {
+    let mut out = String::from("{");
+    for (i, fence) in fences.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push('"');
+        for c in fence.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+    }
+    out.push('}');
+    out
 }
 
 /// [`reject_call`] raised only if the session holds a prepared statement named `name`,
 /// for the simple protocol (see [`REJECT_IF_PREPARED_SQL`]).
-pub fn reject_if_prepared_call(name: &str, code: &str, message: &str, hint: &str) -> String {
-    let mut sql = reject_call(code, message, hint);
+pub fn reject_if_prepared_call(name: &str, code: &str, message: &str, hint: &str, fences: &[&str]) -> String {
+    let mut sql = reject_call(code, message, hint, fences);
     sql.push_str(" FROM pg_catalog.pg_prepared_statements WHERE name OPERATOR(pg_catalog.=) ");
     push_literal(&mut sql, name);
     sql
@@ -220,16 +251,35 @@ mod tests {
     #[test]
     fn reject_if_prepared_call_quotes_the_name() {
         assert_eq!(
-            reject_if_prepared_call("it's", "PF004", "m", ""),
-            "SELECT pgfence.reject('PF004', 'm', '') FROM pg_catalog.pg_prepared_statements WHERE name OPERATOR(pg_catalog.=) 'it''s'"
+            reject_if_prepared_call("it's", "PF004", "m", "", &[]),
+            "SELECT pgfence.reject('PF004', 'm', '', '{}'::pg_catalog.text[]) FROM pg_catalog.pg_prepared_statements \
+             WHERE name OPERATOR(pg_catalog.=) 'it''s'"
         );
     }
 
     #[test]
     fn reject_call_quotes_every_argument() {
         assert_eq!(
-            reject_call("PF002", "pgfence: no epoch for fence \"a\"", "SET pgfence.epoch = N"),
-            "SELECT pgfence.reject('PF002', 'pgfence: no epoch for fence \"a\"', 'SET pgfence.epoch = N')"
+            reject_call(
+                "PF002",
+                "pgfence: no epoch for fence \"a\"",
+                "SET pgfence.epoch = N",
+                &["a"]
+            ),
+            "SELECT pgfence.reject('PF002', 'pgfence: no epoch for fence \"a\"', 'SET pgfence.epoch = N', \
+             '{\"a\"}'::pg_catalog.text[])"
+        );
+    }
+
+    #[test]
+    fn fences_are_written_as_a_text_array() {
+        assert_eq!(fences_param(&[]), "{}");
+        assert_eq!(fences_param(&["a", "b c"]), r#"{"a","b c"}"#);
+        assert_eq!(fences_param(&[r#"q"\,{}"#]), r#"{"q\"\\,{}"}"#);
+        // In SQL the backslashes of the array text make it an escape string.
+        assert_eq!(
+            reject_call("PF002", "m", "", &[r"a\b"]),
+            r#"SELECT pgfence.reject('PF002', 'm', '', E'{"a\\\\b"}'::pg_catalog.text[])"#
         );
     }
 }

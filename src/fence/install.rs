@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -58,6 +58,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 6,
         name: "0006_inline_guard",
         sql: include_str!("sql/0006_inline_guard.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "0007_reject_current_epoch",
+        sql: include_str!("sql/0007_reject_current_epoch.sql"),
     },
 ];
 

@@ -50,6 +50,9 @@ pub struct Rejection {
     pub message: String,
     /// Hint.
     pub hint: String,
+    /// The fences whose current epoch Postgres appends to the message when it raises
+    /// the refusal (it reads them where the proxy cannot); empty for none.
+    pub fences: Vec<FenceId>,
 }
 
 /// Decides one write. `names` are the names of all configured fences, indexed
@@ -65,15 +68,17 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
                 .map(|&f| format!("\"{}\"", name(f)))
                 .collect::<Vec<_>>()
                 .join(", ");
+            let at = declared.epoch.map(|e| format!(" at epoch {e}")).unwrap_or_default();
             return Decision::Reject(Rejection {
                 code: sqlstate::UNANALYSABLE,
                 message: format!(
-                    "pgfence: statement cannot be analysed and may write a table of fence {list}; refused"
+                    "pgfence: statement cannot be analysed and may write a table of fence {list}; refused{at}"
                 ),
                 hint: "pgfence cannot see inside CALL, DO or statements it cannot parse, nor follow a chain of \
                        prepared statements and portals far or one that changes the session; write fenced tables \
                        with plain INSERT/UPDATE/DELETE/MERGE."
                     .into(),
+                fences: fences.to_vec(),
             });
         }
         Access::Write(fences) => fences,
@@ -87,11 +92,12 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
         None if applicable.len() == 1 => Some(applicable[0]),
         None => None,
     };
-    let no_epoch = |message: String, hint: &str| {
+    let no_epoch = |fence: FenceId, message: String, hint: &str| {
         Decision::Reject(Rejection {
             code: sqlstate::NO_EPOCH,
             message,
             hint: hint.to_owned(),
+            fences: vec![fence],
         })
     };
     // Check every fence the statement may write before granting the guard: one
@@ -101,6 +107,7 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
             code: sqlstate::UNANALYSABLE,
             message: "pgfence: statement cannot be analysed".into(),
             hint: String::new(),
+            fences: Vec::new(),
         });
     };
     // Without a fence for the session, that is what to fix first, epoch or not.
@@ -110,6 +117,7 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
             None => "several fences are configured and pgfence.fence is not set".to_owned(),
         };
         return no_epoch(
+            first,
             format!(
                 "pgfence: write to fence \"{}\" without an epoch for it: {detail}",
                 name(first)
@@ -120,14 +128,16 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
     };
     let Some(epoch) = declared.epoch else {
         return no_epoch(
+            first,
             format!("pgfence: write to fence \"{}\" without an epoch", name(first)),
             "Declare the lease epoch: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
         );
     };
     if let Some(&other) = fences.iter().find(|&&f| f != session_fence) {
         return no_epoch(
+            other,
             format!(
-                "pgfence: write to fence \"{}\" without an epoch for it (the session's epoch {epoch} is for fence \"{}\")",
+                "pgfence: write to fence \"{}\" without an epoch for it: the session's epoch {epoch} is for fence \"{}\"",
                 name(other),
                 name(session_fence)
             ),

@@ -10,12 +10,12 @@ use crate::sql::declare::{self, Declaration, Setting};
 
 /// The change a declaration makes, or the PF003 rejection replacing it. `defined`: the
 /// number of the client's last statement definition sent before it (`DISCARD ALL` drops
-/// those).
-pub fn effect(d: &Declaration, defined: u64) -> Result<Effect, Rejection> {
+/// those). `fence`: the session's fence, named in the rejection of an invalid epoch.
+pub fn effect(d: &Declaration, defined: u64, fence: Option<&str>) -> Result<Effect, Rejection> {
     match d {
         Declaration::ResetAll => Ok(Effect::ResetAll),
         Declaration::DiscardAll => Ok(Effect::DiscardAll(defined)),
-        Declaration::Malformed { setting, reason } => Err(invalid(*setting, reason)),
+        Declaration::Malformed { setting, reason } => Err(invalid(*setting, reason, fence)),
         Declaration::FromCurrent { setting, scope } => Ok(match setting {
             Setting::Epoch => Effect::EpochFromCurrent(scope_of(*scope)),
             Setting::Fence => Effect::FenceFromCurrent(scope_of(*scope)),
@@ -27,7 +27,7 @@ pub fn effect(d: &Declaration, defined: u64) -> Result<Effect, Rejection> {
                     None => Ok(Effect::Epoch(scope, None)),
                     Some(v) => match Epoch::parse(v) {
                         Ok(e) => Ok(Effect::Epoch(scope, Some(e))),
-                        Err(e) => Err(invalid(Setting::Epoch, &e.to_string())),
+                        Err(e) => Err(invalid(Setting::Epoch, &e.to_string(), fence)),
                     },
                 },
                 Setting::Fence => Ok(Effect::Fence(scope, value.clone())),
@@ -43,16 +43,19 @@ fn scope_of(scope: declare::Scope) -> Scope {
     }
 }
 
-fn invalid(setting: Setting, reason: &str) -> Rejection {
-    let name = match setting {
-        Setting::Epoch => "pgfence.epoch",
-        Setting::Fence => "pgfence.fence",
+fn invalid(setting: Setting, reason: &str, fence: Option<&str>) -> Rejection {
+    let name = match (setting, fence) {
+        (Setting::Epoch, Some(fence)) => format!("pgfence.epoch of fence \"{fence}\""),
+        (Setting::Epoch, None) => "pgfence.epoch".to_owned(),
+        (Setting::Fence, _) => "pgfence.fence".to_owned(),
     };
     Rejection {
         code: sqlstate::INVALID_EPOCH,
         message: format!("pgfence: invalid value for {name}: {reason}"),
         hint: "pgfence.epoch must be an integer between 1 and 9223372036854775807; the previous value stays in force."
             .into(),
+        // Raised without the schema (a DO block): a SET needs none.
+        fences: Vec::new(),
     }
 }
 
@@ -62,7 +65,7 @@ mod tests {
     use crate::sql::Lexing;
 
     fn run(sql: &str) -> Result<Effect, Rejection> {
-        effect(&declare::parse(sql, Lexing::default()).expect("a declaration"), 3)
+        effect(&declare::parse(sql, Lexing::default()).expect("a declaration"), 3, None)
     }
 
     #[test]
@@ -123,5 +126,23 @@ mod tests {
             let r = run(sql).unwrap_err();
             assert_eq!(r.code, "PF003", "{sql}");
         }
+    }
+
+    #[test]
+    fn an_invalid_epoch_names_the_sessions_fence() {
+        let parsed = declare::parse("SET pgfence.epoch = 0", Lexing::default()).expect("a declaration");
+        let r = effect(&parsed, 0, Some("sweeper")).unwrap_err();
+        assert!(
+            r.message
+                .starts_with("pgfence: invalid value for pgfence.epoch of fence \"sweeper\": "),
+            "{}",
+            r.message
+        );
+        let r = effect(&parsed, 0, None).unwrap_err();
+        assert!(
+            r.message.starts_with("pgfence: invalid value for pgfence.epoch: "),
+            "{}",
+            r.message
+        );
     }
 }

@@ -311,7 +311,7 @@ impl Dispatcher {
             }
             part.effect = self.note_effects(shared, &stmt.kind, batch, self.sent);
             if let StmtKind::Declare(d) = &stmt.kind {
-                match super::declaration::effect(d, shared.defined) {
+                match super::declaration::effect(d, shared.defined, self.session_fence()) {
                     Ok(effect) => {
                         self.speculate(&effect);
                         part.effect = Some(effect);
@@ -337,6 +337,7 @@ impl Dispatcher {
                 code: crate::error::sqlstate::UNANALYSABLE,
                 message: "pgfence: statement is not valid UTF-8 and may write a fenced table; refused".into(),
                 hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+                fences: Vec::new(),
             }));
         }
         if !changed {
@@ -585,6 +586,7 @@ impl Dispatcher {
                 code: crate::error::sqlstate::UNANALYSABLE,
                 message: message.into(),
                 hint: hint.into(),
+                fences: Vec::new(),
             });
         }
         if in_flight && sql.contains('\\') {
@@ -602,6 +604,7 @@ impl Dispatcher {
                     hint: "Wait for the answer to a SET standard_conforming_strings before sending such a statement, \
                            or write backslashes in E'' strings."
                         .into(),
+                    fences: Vec::new(),
                 });
             }
         }
@@ -629,6 +632,7 @@ impl Dispatcher {
                       database with fenced tables; refused"
                 .into(),
             hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+            fences: Vec::new(),
         })
     }
 
@@ -715,9 +719,10 @@ impl Dispatcher {
                 Some((Injected::Guard(fence, epoch), call))
             }
             Decision::Reject(r) => {
+                let fences = self.epoch_names(&r);
                 let call = match if_prepared {
-                    Some(name) => guard_sql::reject_if_prepared_call(&name, r.code, &r.message, &r.hint),
-                    None => guard_sql::reject_call(r.code, &r.message, &r.hint),
+                    Some(name) => guard_sql::reject_if_prepared_call(&name, r.code, &r.message, &r.hint, &fences),
+                    None => guard_sql::reject_call(r.code, &r.message, &r.hint, &fences),
                 };
                 Some((Injected::Reject, call))
             }
@@ -777,7 +782,7 @@ impl Dispatcher {
         };
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
-                if let Err(rejection) = super::declaration::effect(d, shared.defined) {
+                if let Err(rejection) = super::declaration::effect(d, shared.defined, self.session_fence()) {
                     // pgfence's own error, without a position.
                     replacement = Some((raise_block(&rejection), Arc::default()));
                 }
@@ -881,7 +886,7 @@ impl Dispatcher {
         let mut writes = false;
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
-                if let Ok(e) = super::declaration::effect(d, shared.defined) {
+                if let Ok(e) = super::declaration::effect(d, shared.defined, self.session_fence()) {
                     self.speculate(&e);
                     effect = Some(e);
                 }
@@ -1042,7 +1047,8 @@ impl Dispatcher {
                 }
             }
             Decision::Reject(r) => {
-                let mut params = vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint)];
+                let fences = Some(guard_sql::fences_param(&self.epoch_names(&r)));
+                let mut params = vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint), fences];
                 let own = match if_prepared {
                     Some(name) => {
                         params.push(Some(name));
@@ -1282,6 +1288,7 @@ impl Dispatcher {
                     hint: "Prepare statements that write fenced tables with PREPARE or the protocol's Parse, not \
                            inside a function or DO."
                         .into(),
+                    fences: applicable.clone(),
                 }))
             }
         }
@@ -1306,6 +1313,29 @@ impl Dispatcher {
             f.name.as_str(),
             self.fences.lease_tables[usize::from(fence.0)].as_deref(),
         )
+    }
+
+    /// The name of the fence the session's epoch is for, as far as pgfence can tell now: the
+    /// one `pgfence.fence` names, or the only one that applies to this database.
+    fn session_fence(&self) -> Option<&str> {
+        let names = &self.fences.names;
+        match self.speculative.fence.current() {
+            Some(n) => names.iter().find(|x| *x == n).map(String::as_str),
+            None => match self.fences.applicable.as_slice() {
+                [only] => names.get(usize::from(only.0)).map(String::as_str),
+                _ => None,
+            },
+        }
+    }
+
+    /// The names of `r`'s fences whose current epoch Postgres can give in its message: all
+    /// but rewrite-mode fences without a lease, which keep no epoch (their rows do).
+    pub(super) fn epoch_names(&self, r: &Rejection) -> Vec<&str> {
+        r.fences
+            .iter()
+            .filter(|&&f| !self.probe_only(f))
+            .map(|&f| self.fence_args(f).0)
+            .collect()
     }
 
     /// Whether `fence`'s guard is only the schema probe: rewrite mode without a lease.

@@ -144,11 +144,12 @@ pub(super) enum Upstream {
 /// hold that thread for seconds.
 pub(super) const REWRITE_BUDGET: usize = 4 * 1024 * 1024;
 
-fn unanalysable(message: String, hint: &str) -> Rejection {
+fn unanalysable(fence: FenceId, message: String, hint: &str) -> Rejection {
     Rejection {
         code: sqlstate::UNANALYSABLE,
         message,
         hint: hint.to_owned(),
+        fences: vec![fence],
     }
 }
 
@@ -167,6 +168,7 @@ impl Dispatcher {
         let name = |f: FenceId| self.fences.names.get(usize::from(f.0)).cloned().unwrap_or_default();
         if fences.iter().any(|&f| !self.fences.is_rewrite(f)) {
             return Plan::Reject(unanalysable(
+                first,
                 format!(
                     "pgfence: statement writes tables of a reject-mode and a rewrite-mode fence (\"{}\"); refused",
                     name(first)
@@ -176,6 +178,7 @@ impl Dispatcher {
         }
         if !exact {
             return Plan::Reject(unanalysable(
+                first,
                 "pgfence: statement is not valid UTF-8 and writes a rewrite-mode table; refused".into(),
                 "Use client_encoding UTF8 for sessions that write fenced tables.",
             ));
@@ -186,6 +189,7 @@ impl Dispatcher {
             let budget = self.rewrite_budget.get();
             if stmt_sql.len() > budget {
                 return Plan::Reject(unanalysable(
+                    first,
                     format!(
                         "pgfence: the message holds more than {} MiB of statements that write rewrite-mode \
                          tables (fence \"{}\"); refused",
@@ -202,6 +206,7 @@ impl Dispatcher {
         let probe = declared.epoch.unwrap_or(Epoch::MIN);
         if let Some(Err(u)) = self.fences.rewrite(first, stmt_sql, probe, self.scs) {
             return Plan::Reject(unanalysable(
+                first,
                 format!("{} (fence \"{}\"); refused", u.reason, name(first)),
                 u.hint,
             ));
@@ -211,7 +216,7 @@ impl Dispatcher {
             Decision::Reject(r) => Plan::Reject(r),
             Decision::Guard { fence, epoch } => match self.fences.rewrite(fence, stmt_sql, epoch, self.scs) {
                 Some(Ok(text)) => Plan::Rewrite { fence, epoch, text },
-                Some(Err(u)) => Plan::Reject(unanalysable(u.reason, u.hint)),
+                Some(Err(u)) => Plan::Reject(unanalysable(fence, u.reason, u.hint)),
                 None => Plan::NotRewrite,
             },
         }
@@ -265,7 +270,10 @@ impl Dispatcher {
                 }
             }
             Plan::Reject(r) => SimpleRewrite {
-                before: Some((Injected::Reject, guard_sql::reject_call(r.code, &r.message, &r.hint))),
+                before: Some((
+                    Injected::Reject,
+                    guard_sql::reject_call(r.code, &r.message, &r.hint, &self.epoch_names(&r)),
+                )),
                 rewrite: None,
             },
             Plan::NotRewrite => SimpleRewrite {
@@ -468,13 +476,15 @@ impl Dispatcher {
             }
         };
         Some(Some(match decided {
-            Decision::Guard { epoch, .. } if bound.is_some() && *bound != Some(epoch) => {
+            Decision::Guard { fence, epoch } if bound.is_some() && *bound != Some(epoch) => {
                 Decision::Reject(unanalysable(
+                    fence,
                     format!("pgfence: the session's epoch changed to {epoch} after this portal was bound; refused"),
                     "Bind the statement again after changing pgfence.epoch.",
                 ))
             }
-            Decision::Guard { epoch, .. } if *bound != Some(epoch) => Decision::Reject(unanalysable(
+            Decision::Guard { fence, epoch } if *bound != Some(epoch) => Decision::Reject(unanalysable(
+                fence,
                 format!(
                     "pgfence: this portal may run a text that carries another epoch than the session's ({epoch}), \
                      or none; refused"

@@ -154,7 +154,8 @@ async fn establish_inner(
         codec::negotiate_protocol_version(&mut out, 0, startup.protocol_options());
         client.write_all(&out).await?;
     }
-    let declared = match startup_declarations(&startup) {
+    let fences = ctx.fences_for(&database);
+    let declared = match startup_declarations(&startup, &fences) {
         Ok(d) => d,
         Err(err) => {
             info!(%err, "refused startup declaration");
@@ -177,24 +178,42 @@ async fn establish_inner(
     let Some(key) = relay_auth(client, &mut upstream, ctx).await? else {
         return Ok(None);
     };
-    let fences = ctx.fences_for(&database);
     Ok(Some((upstream, declared, fences, key)))
 }
 
 /// `pgfence.epoch` / `pgfence.fence` from `options` (`-c`), then from raw
-/// startup parameters, which Postgres applies last.
-fn startup_declarations(m: &StartupMessage) -> Result<Declarations, ProxyError> {
+/// startup parameters, which Postgres applies last. An invalid epoch is refused naming
+/// the fence it was for: the one `pgfence.fence` names, or the only one of `fences`.
+fn startup_declarations(m: &StartupMessage, fences: &DbFences) -> Result<Declarations, ProxyError> {
     let mut epoch = None;
+    let mut invalid = None;
     let mut fence = None;
     let raw = m.params.iter().map(|(k, v)| (k.clone(), v.clone()));
     for (k, v) in m.option_settings().into_iter().chain(raw) {
         match k.to_ascii_lowercase().as_str() {
-            "pgfence.epoch" => {
-                epoch = Some(Epoch::parse(&v).map_err(|e| ProxyError::InvalidStartupEpoch(e.to_string()))?);
-            }
+            "pgfence.epoch" => match Epoch::parse(&v) {
+                Ok(e) => epoch = Some(e),
+                Err(e) => {
+                    invalid.get_or_insert(e.to_string());
+                }
+            },
             "pgfence.fence" => fence = Some(v),
             _ => {}
         }
+    }
+    if let Some(reason) = invalid {
+        let named = match &fence {
+            Some(name) => fences.names.iter().find(|n| *n == name),
+            None => match fences.applicable.as_slice() {
+                [only] => fences.names.get(usize::from(only.0)),
+                _ => None,
+            },
+        };
+        let setting = match named {
+            Some(name) => format!("pgfence.epoch of fence \"{name}\""),
+            None => "pgfence.epoch".to_owned(),
+        };
+        return Err(ProxyError::InvalidStartupEpoch(format!("{setting}: {reason}")));
     }
     Ok(Declarations::from_startup(epoch, fence))
 }

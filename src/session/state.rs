@@ -1209,15 +1209,21 @@ impl Shared {
         // (`fence::call::PROBE_SQL`) when the schema is there but its table is not.
         let missing_schema = matches!(code, Some(b"3F000" | b"42883" | b"42P01"));
         if missing_schema {
+            // A function missing from a schema that is there: one older than this pgfence.
+            let schema = if matches!(code, Some(b"42883")) {
+                "the database's pgfence schema is older than this pgfence"
+            } else {
+                "the database has no pgfence schema"
+            };
             let message = match injected {
                 Some(Injected::Guard(fence, epoch)) => format!(
-                    "pgfence: the database has no pgfence schema, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
+                    "pgfence: {schema}, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
                     self.fences
                         .as_ref()
                         .and_then(|f| f.names.get(usize::from(fence.0)))
                         .map_or("?", String::as_str)
                 ),
-                _ => "pgfence: the database has no pgfence schema; fenced writes are refused".to_owned(),
+                _ => format!("pgfence: {schema}; fenced writes are refused"),
             };
             let mut out = BytesMut::new();
             codec::error_response(

@@ -499,3 +499,73 @@ async fn a_pipeline_of_batches_with_a_declaration_runs_as_sent() {
             .unwrap();
     }
 }
+
+/// The message of a refusal, from either protocol.
+fn refusal<T>(r: Result<T, tokio_postgres::Error>) -> String {
+    let e = r.err().expect("a refusal");
+    e.as_db_error().expect("an error from Postgres").message().to_owned()
+}
+
+/// Every refusal names its fence, the declared epoch when there is one, and the fence's
+/// current epoch, which only Postgres knows: in both protocols, as the contract's
+/// example spells them.
+#[tokio::test]
+async fn refusals_name_the_fence_and_its_current_epoch() {
+    let f = Fixture::at_epoch_two().await;
+    let none = f.session("").await;
+    let no_epoch = "pgfence: write to fence \"sweeper\" without an epoch (current epoch 2)";
+    assert_eq!(refusal(none.execute(WRITE, &[]).await), no_epoch, "extended");
+    assert_eq!(refusal(none.batch_execute(WRITE).await), no_epoch, "simple");
+    let s = f.session("-c pgfence.epoch=2").await;
+    let unanalysable = "pgfence: statement cannot be analysed and may write a table of fence \"sweeper\"; \
+                        refused at epoch 2 (current epoch 2)";
+    let call = "DO $$ BEGIN UPDATE sweep_state SET note = 'd' WHERE id = 1; END $$";
+    assert_eq!(refusal(s.batch_execute(call).await), unanalysable, "simple");
+    assert_eq!(refusal(s.execute(call, &[]).await), unanalysable, "extended");
+    let r = s.batch_execute("SET pgfence.epoch = 0").await;
+    assert_eq!(code(&r), "PF003");
+    assert!(
+        refusal(r).starts_with("pgfence: invalid value for pgfence.epoch of fence \"sweeper\": "),
+        "a SET names the session's fence"
+    );
+    let r = try_connect(f.proxy.port(), &f.db, "-c pgfence.epoch=0").await;
+    assert_eq!(code(&r), "PF003");
+    assert!(
+        refusal(r).starts_with("pgfence: invalid value for pgfence.epoch of fence \"sweeper\": "),
+        "so does a startup declaration"
+    );
+    // A takeover moves the number the next refusal gives.
+    f.takeover("b").await;
+    let three = "pgfence: write to fence \"sweeper\" without an epoch (current epoch 3)";
+    assert_eq!(refusal(none.execute(WRITE, &[]).await), three);
+}
+
+/// With several fences, each fence named gets its own current epoch; a fence no epoch has
+/// written yet is at 0.
+#[tokio::test]
+async fn refusals_of_several_fences_give_each_current_epoch() {
+    let cluster = Cluster::shared();
+    let toml = format!("{}[[fence]]\nname = \"other\"\ntables = [\"audit\"]\n", fence_toml());
+    let f = Fixture::with(cluster, &toml).await;
+    let e = f.takeover("a").await;
+    let s = f
+        .session(&format!("-c pgfence.epoch={e} -c pgfence.fence=sweeper"))
+        .await;
+    s.execute(WRITE, &[]).await.unwrap();
+    let r = s.execute("INSERT INTO audit (note) VALUES ('x')", &[]).await;
+    assert_eq!(
+        refusal(r),
+        format!(
+            "pgfence: write to fence \"other\" without an epoch for it: the session's epoch {e} is for fence \
+             \"sweeper\" (current epoch 0)"
+        )
+    );
+    let call = "DO $$ BEGIN UPDATE sweep_state SET note = 'd'; INSERT INTO audit (note) VALUES ('y'); END $$";
+    assert_eq!(
+        refusal(s.batch_execute(call).await),
+        format!(
+            "pgfence: statement cannot be analysed and may write a table of fence \"sweeper\", \"other\"; \
+             refused at epoch {e} (current epochs: \"sweeper\" {e}, \"other\" 0)"
+        )
+    );
+}

@@ -105,7 +105,7 @@ async fn init_is_idempotent_and_keeps_the_hwm() {
 }
 
 /// The migrations an older pgfence knew, in order (name, text).
-const OLD_MIGRATIONS: [(&str, &str); 5] = [
+const OLD_MIGRATIONS: [(&str, &str); 6] = [
     ("0001_init", include_str!("../../../src/fence/sql/0001_init.sql")),
     (
         "0002_fast_guard",
@@ -122,6 +122,10 @@ const OLD_MIGRATIONS: [(&str, &str); 5] = [
     (
         "0005_hwm_changes",
         include_str!("../../../src/fence/sql/0005_hwm_changes.sql"),
+    ),
+    (
+        "0006_inline_guard",
+        include_str!("../../../src/fence/sql/0006_inline_guard.sql"),
     ),
 ];
 
@@ -219,6 +223,43 @@ async fn init_upgrades_a_version_5_schema_under_live_sessions() {
     assert_eq!(code(&old.batch_execute(WRITE).await), "PF001");
     // Control: straight to Postgres the stale epoch's write lands.
     assert_eq!(write_directly(cluster, &db).await, 1);
+}
+
+/// A database whose schema is older than this pgfence (version 6 has no refusal that gives
+/// the current epoch): the guard still works, and a refusal pgfence decides says that
+/// `pgfence init` is due (PF005) rather than failing with Postgres' own error. After the
+/// upgrade it is the PF002 it was, with the fence's current epoch.
+#[tokio::test]
+async fn a_version_6_schema_asks_for_init_where_it_lacks_a_function() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install_old_schema(&admin, 6, "").await;
+    let proxy = Proxy::start(cluster.port(), NO_LEASE).await;
+    connect(proxy.port(), &db, "-c pgfence.epoch=4")
+        .await
+        .execute(WRITE, &[])
+        .await
+        .unwrap();
+    let none = connect(proxy.port(), &db, "").await;
+    for r in [
+        none.execute(WRITE, &[]).await.map(drop),
+        none.batch_execute(WRITE).await,
+    ] {
+        assert_eq!(code(&r), "PF005");
+        let e = r.unwrap_err();
+        let message = e.as_db_error().unwrap().message();
+        assert!(message.contains("older than this pgfence"), "{message}");
+    }
+    install(&mut admin, cluster.port(), NO_LEASE).await;
+    let r = none.execute(WRITE, &[]).await;
+    assert_eq!(code(&r), "PF002");
+    let e = r.unwrap_err();
+    assert_eq!(
+        e.as_db_error().unwrap().message(),
+        "pgfence: write to fence \"sweeper\" without an epoch (current epoch 4)"
+    );
 }
 
 /// A schema dropped and installed again does not count changes from where a live session
