@@ -11,7 +11,8 @@
 //! the epoch is below the fence's current epoch (max of the durable high-water mark and
 //! the lease epoch), and raises the high-water mark (HWM) when the epoch is above it.
 //! In rewrite mode (`keep_hwm = false`) only the lease checks run: the rows carry the
-//! epochs. `pgfence.reject(code, message, hint)` raises PF002/PF004 for the proxy.
+//! epochs. `pgfence.reject(code, message, hint, fences)` raises PF002/PF004 for the proxy,
+//! appending each named fence's current epoch (which the proxy cannot read).
 //!
 //! # Locking
 //!
