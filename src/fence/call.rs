@@ -11,13 +11,23 @@ use std::fmt::Write as _;
 
 use super::epoch::Epoch;
 
-/// The guard for the extended protocol: `$1` fence (`text`), `$2` epoch (`bigint`),
-/// `$3` lease table (`text`, NULL without a lease), `$4` keep the HWM (`boolean`:
-/// true in reject mode, false in rewrite mode). Parameters as [`guard_params`] gives them.
-pub const GUARD_SQL: &str = "SELECT pgfence.guard($1, $2, $3, $4)";
+/// The guard for the extended protocol: `$1` fence, `$2` epoch (`bigint`), `$3` lease
+/// table (NULL without a lease), `$4` keep the HWM (`boolean`: true in reject mode, false
+/// in rewrite mode). Parameters as [`guard_params`] gives them.
+///
+/// Every text goes as UTF-8 in a `bytea` ([`utf8_param`]) that the statement converts: a
+/// `text` parameter is read in the session's `client_encoding`, and the proxy's texts are
+/// UTF-8. Sent as `text` in a LATIN1 session, a fence named `été` would be read as another
+/// name, whose guard knows no epoch. The statement's own text is ASCII, so the
+/// encoding cannot change it.
+pub const GUARD_SQL: &str = "SELECT pgfence.guard(pg_catalog.convert_from($1, 'UTF8'), $2, \
+                             pg_catalog.convert_from($3, 'UTF8'), $4)";
 
-/// Parameter type OIDs of [`GUARD_SQL`] for a Parse message: text, int8, text, bool.
-pub const GUARD_PARAM_TYPES: [u32; 4] = [25, 20, 25, 16];
+/// Parameter type OIDs of [`GUARD_SQL`] for a Parse message: bytea, int8, bytea, bool.
+pub const GUARD_PARAM_TYPES: [u32; 4] = [BYTEA, 20, BYTEA, 16];
+
+/// `bytea`.
+const BYTEA: u32 = 17;
 
 /// The guard of a rewrite-mode fence without a lease. Such a fence keeps no state in the
 /// database (the rows carry the epochs) and its full guard only proves that the
@@ -32,26 +42,27 @@ pub const GUARD_PARAM_TYPES: [u32; 4] = [25, 20, 25, 16];
 /// to Postgres, one statement per transaction). Same text in both protocols.
 pub const PROBE_SQL: &str = "SELECT 'pgfence.fence'::pg_catalog.regclass";
 
-/// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint (all
-/// `text`), `$4` the fences whose current epochs Postgres appends to the message (`text[]`,
-/// as [`fences_param`] writes it). Schema version 7.
-pub const REJECT_SQL: &str = "SELECT pgfence.reject($1, $2, $3, $4)";
+/// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint, `$4` the
+/// fences whose current epochs Postgres appends to the message (a `text[]` as
+/// [`fences_param`] writes it). Schema version 7. Texts go in `bytea`, as for [`GUARD_SQL`].
+pub const REJECT_SQL: &str = "SELECT pgfence.reject(pg_catalog.convert_from($1, 'UTF8'), \
+                              pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from($3, 'UTF8'), \
+                              pg_catalog.convert_from($4, 'UTF8')::pg_catalog.text[])";
 
-/// Parameter type OIDs of [`REJECT_SQL`] for a Parse message: text, text, text, text[].
-pub const REJECT_PARAM_TYPES: [u32; 4] = [25, 25, 25, TEXT_ARRAY];
-
-/// `text[]`.
-const TEXT_ARRAY: u32 = 1009;
+/// Parameter type OIDs of [`REJECT_SQL`] for a Parse message: four bytea.
+pub const REJECT_PARAM_TYPES: [u32; 4] = [BYTEA; 4];
 
 /// A rejection that Postgres raises only if the session holds a prepared statement named
 /// `$4`: for SQL `EXECUTE` of a name pgfence has seen no definition of. Without one,
 /// nothing is raised and the `EXECUTE` fails as Postgres fails it (26000); with one (made
 /// where pgfence cannot see, inside a function or `DO`), the rejection stands.
-pub const REJECT_IF_PREPARED_SQL: &str = "SELECT pgfence.reject($1, $2, $3, $4) FROM pg_catalog.pg_prepared_statements \
-                                          WHERE name OPERATOR(pg_catalog.=) $5";
+pub const REJECT_IF_PREPARED_SQL: &str = "SELECT pgfence.reject(pg_catalog.convert_from($1, 'UTF8'), \
+     pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from($3, 'UTF8'), \
+     pg_catalog.convert_from($4, 'UTF8')::pg_catalog.text[]) FROM pg_catalog.pg_prepared_statements \
+     WHERE name OPERATOR(pg_catalog.=) pg_catalog.convert_from($5, 'UTF8')";
 
-/// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: those of [`REJECT_SQL`], then text.
-pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 5] = [25, 25, 25, TEXT_ARRAY, 25];
+/// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: five bytea.
+pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 5] = [BYTEA; 5];
 
 /// The guard call for the simple protocol, without a trailing semicolon, e.g.
 /// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`.
@@ -91,11 +102,23 @@ pub fn guard_execute(name: &str, fence: &str, epoch: Epoch, lease_table: Option<
 /// The text-format parameters of [`GUARD_SQL`], in order (`None` is SQL NULL).
 pub fn guard_params(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> [Option<String>; 4] {
     [
-        Some(fence.to_owned()),
+        Some(utf8_param(fence)),
         Some(epoch.to_string()),
-        lease_table.map(str::to_owned),
+        lease_table.map(utf8_param),
         Some(if keep_hwm { "t" } else { "f" }.to_owned()),
     ]
+}
+
+/// `text`'s UTF-8 bytes as the text form of a `bytea` (`\x…` in hex): plain ASCII, which
+/// reads the same in every `client_encoding`.
+pub fn utf8_param(text: &str) -> String {
+    let mut out = String::with_capacity(2 + 2 * text.len());
+    out.push_str("\\x");
+    for b in text.bytes() {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 /// A call that makes Postgres raise `code` with `message` and `hint` (empty: no hint),
@@ -244,7 +267,20 @@ mod tests {
         let e = Epoch::parse("12").expect("valid");
         assert_eq!(
             guard_params("f", e, None, true),
-            [Some("f".to_owned()), Some("12".to_owned()), None, Some("t".to_owned())]
+            [
+                Some("\\x66".to_owned()),
+                Some("12".to_owned()),
+                None,
+                Some("t".to_owned())
+            ]
+        );
+        assert_eq!(
+            guard_params("été", e, Some("a.b"), false)[0].as_deref(),
+            Some("\\xc3a974c3a9")
+        );
+        assert_eq!(
+            guard_params("été", e, Some("a.b"), false)[2].as_deref(),
+            Some("\\x612e62")
         );
     }
 

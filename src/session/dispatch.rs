@@ -1047,11 +1047,14 @@ impl Dispatcher {
                 }
             }
             Decision::Reject(r) => {
-                let fences = Some(guard_sql::fences_param(&self.epoch_names(&r)));
-                let mut params = vec![Some(r.code.to_owned()), Some(r.message), Some(r.hint), fences];
+                let fences = guard_sql::fences_param(&self.epoch_names(&r));
+                let mut params: Vec<_> = [r.code, &r.message, &r.hint, &fences]
+                    .into_iter()
+                    .map(|text| Some(guard_sql::utf8_param(text)))
+                    .collect();
                 let own = match if_prepared {
                     Some(name) => {
-                        params.push(Some(name));
+                        params.push(Some(guard_sql::utf8_param(&name)));
                         OwnStatement::RejectIfPrepared
                     }
                     None => OwnStatement::Reject,

@@ -253,3 +253,70 @@ async fn an_escaped_name_is_not_taken_for_the_bytes_it_reads_as() {
         verdict(&f, port, got, "PF004").await;
     }
 }
+
+/// A fence whose name is not ASCII, written by sessions whose `client_encoding` is not
+/// UTF8: Postgres reads a text parameter in the client's encoding, so the names pgfence
+/// passes its guard must not go as text in the extended protocol (`été` in UTF-8 bytes,
+/// read as LATIN1, is another fence, which no epoch has written). Stale writes are refused
+/// in both protocols, and no other fence row appears. The control: straight to Postgres
+/// the stale write lands.
+#[tokio::test]
+async fn a_fence_named_in_another_alphabet_is_checked_in_any_client_encoding() {
+    use crate::common::raw::{bind as raw_bind, execute as raw_execute, parse as raw_parse};
+    let toml = "[[fence]]\nname = \"été\"\ntables = [\"sweep_state\"]\n";
+    let f = Fixture::with(Cluster::shared(), toml).await;
+    f.leader(5).await.execute(STALE, &[]).await.unwrap();
+    // (Not SJIS: it has no `é`, and Postgres cannot send a message naming the fence in it.)
+    for encoding in ["LATIN1", "WIN1252", "LATIN9", "UTF8"] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let params = [
+                ("user", "postgres"),
+                ("database", f.db.as_str()),
+                ("client_encoding", encoding),
+                ("pgfence.epoch", "3"),
+            ];
+            let (mut s, _) = Raw::startup(port, &params).await;
+            s.send(&[raw_parse("", STALE), raw_bind("", "", &[]), raw_execute(""), sync()].concat())
+                .await;
+            let extended = codes(&s.read_until(|m| m.tag == b'Z').await);
+            let simple = codes(&s.simple(STALE).await);
+            if port == f.proxy.port() {
+                assert_eq!(
+                    (extended, simple),
+                    (vec!["PF001".to_owned()], vec!["PF001".to_owned()]),
+                    "{encoding}"
+                );
+            } else {
+                assert!(
+                    extended.is_empty() && simple.is_empty(),
+                    "control {encoding}: {extended:?} {simple:?}"
+                );
+            }
+        }
+    }
+    let fences: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM pgfence.fence", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(fences, 1, "only the configured fence has a row");
+    // The refusals pgfence decides name it in the client's encoding, with its epoch.
+    let params = [
+        ("user", "postgres"),
+        ("database", f.db.as_str()),
+        ("client_encoding", "LATIN1"),
+    ];
+    let (mut s, _) = Raw::startup(f.proxy.port(), &params).await;
+    s.send(&[raw_parse("", STALE), raw_bind("", "", &[]), raw_execute(""), sync()].concat())
+        .await;
+    let msgs = s.read_until(|m| m.tag == b'Z').await;
+    let error = msgs.iter().find(|m| m.tag == b'E').expect("a refusal");
+    assert_eq!(error.code().as_deref(), Some("PF002"));
+    let want = b"pgfence: write to fence \"\xe9t\xe9\" without an epoch (current epoch 5)";
+    assert!(
+        error.body.windows(want.len()).any(|w| w == want),
+        "the name in LATIN1, and the fence's epoch: {:?}",
+        String::from_utf8_lossy(&error.body)
+    );
+}
