@@ -553,7 +553,8 @@ impl Dispatcher {
     fn unreadable(&self, shared: &Shared, sql: &str, unsynced: bool) -> Option<Rejection> {
         // Postgres reports a changed setting just before ReadyForQuery: after an Execute,
         // only once a Sync has come, even when every reply is in.
-        let in_flight = !shared.pending.is_empty() || unsynced;
+        // pgfence's own `PREPARE`, sent ahead of this text, changes no setting.
+        let in_flight = unsynced || shared.pending.iter().any(|u| !matches!(u, Unit::OwnQuery(_)));
         // Refused if it names a fenced table anywhere, or if, read with those backslashes
         // taken into the characters before them, it does more than read: what Postgres reads
         // after a string's real end can be any statement (an EXECUTE of a prepared write, a

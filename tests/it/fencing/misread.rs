@@ -234,3 +234,20 @@ async fn a_text_split_by_the_routine_body_rule_hides_nothing() {
     d.simple("COMMIT").await;
     assert_eq!(f.note().await.0, "stale");
 }
+
+/// pgfence's own `PREPARE`, which it sends ahead of a session's first Query once an epoch
+/// is declared, changes no setting: the text after it is read at once, not refused as one
+/// sent while a request was in flight. The same text, straight to Postgres, runs the same.
+#[tokio::test]
+async fn pgfences_own_prepare_ahead_of_a_text_is_no_request_in_flight() {
+    let f = Fixture::at_epoch_two().await;
+    let mut seen = Vec::new();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "2", &[]).await;
+        let got = s.simple("SET pgfence.fence = 'x\\,y'; SELECT 'a\\'").await;
+        assert!(codes(&got).is_empty(), "port {port}: {got:?}");
+        seen.push(tags(&got));
+    }
+    assert_eq!(seen[0], "CTDCZ");
+    assert_eq!(seen[0], seen[1], "as straight to Postgres");
+}
