@@ -129,6 +129,11 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
             value: None,
         });
     }
+    // `SET … = $1` is a syntax error in Postgres (SET takes no parameters): it sets nothing,
+    // and the client gets Postgres' own error rather than pgfence's PF003.
+    if rest.iter().any(|t| t.kind == TokenKind::Param) {
+        return None;
+    }
     match value(stmt, rest, lexing) {
         Ok(value) => Some(Declaration::Set {
             setting,
@@ -275,6 +280,9 @@ mod tests {
             ("DISCARD PLANS", None),
             ("RESET search_path", None),
             ("SET search_path = public", None),
+            // A syntax error to Postgres (SET takes no parameters), which it answers itself.
+            ("SET pgfence.epoch = $1", None),
+            ("SET LOCAL pgfence.fence TO $2", None),
             ("SET pgfence.epoch.x = 1", None),
             ("SET pgfence.epochs = 1", None),
             // Names match without regard to case, as Postgres matches them, quoted or not.

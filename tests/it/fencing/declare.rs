@@ -569,3 +569,20 @@ async fn refusals_of_several_fences_give_each_current_epoch() {
         )
     );
 }
+
+/// `SET pgfence.epoch = $1` is a syntax error in Postgres, which takes no parameters in
+/// SET: the client gets that error (42601), not pgfence's PF003, and keeps its epoch.
+#[tokio::test]
+async fn a_set_with_a_parameter_is_postgres_syntax_error() {
+    let f = Fixture::at_epoch_two().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let s = crate::common::pg::connect(port, &f.db, "-c pgfence.epoch=2").await;
+        assert_eq!(code(&s.execute("SET pgfence.epoch = $1", &[&"1"]).await), "42601");
+        assert_eq!(code(&s.batch_execute("SET pgfence.epoch = $1").await), "42601");
+        let shown: String = s.query_one("SHOW pgfence.epoch", &[]).await.unwrap().get(0);
+        assert_eq!(shown, "2");
+    }
+    let s = f.session("-c pgfence.epoch=2").await;
+    assert!(s.execute("SET pgfence.epoch = $1", &[&"1"]).await.is_err());
+    s.execute(WRITE, &[]).await.unwrap();
+}
