@@ -495,10 +495,24 @@ pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
 /// (`DROP TYPE mood CASCADE`), a table's foreign keys or the tables of a
 /// composite type (`ALTER TYPE … CASCADE`). Any word `cascade` counts: one
 /// that is a name only makes the statement count as a write to every fence.
+///
+/// An extension's members can be tables: `DROP EXTENSION` drops them, and `ALTER
+/// EXTENSION` runs an update script or moves them to another schema.
 pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
     c.toks.next();
-    c.peek_is_word("owned") || c.toks.any(|t| t.is_word(text, "cascade"))
+    c.peek_is_word("owned") || c.peek_is_word("extension") || c.toks.any(|t| t.is_word(text, "cascade"))
+}
+
+/// Whether a CREATE or ALTER makes a subscription write: its initial copy and then its
+/// apply worker write every local table of the publications' names, in transactions of
+/// their own, long after this statement and whoever led when it ran (`CREATE
+/// SUBSCRIPTION`, `ALTER SUBSCRIPTION … ENABLE | REFRESH | SET/ADD PUBLICATION`). No guard
+/// can check those writes.
+pub(super) fn starts_a_subscription(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    c.toks.next();
+    c.eat_word("subscription")
 }
 
 /// Whether an ALTER changes an object that is not a table and cannot reach one's rows or

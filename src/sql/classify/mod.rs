@@ -421,6 +421,13 @@ impl<'a> Ctx<'a> {
         {
             return StmtKind::Execute { name };
         }
+        if matches!(first, "create" | "alter") && forms::starts_a_subscription(text, self.lexing) {
+            let all = Hits {
+                all: true,
+                ..Hits::default()
+            };
+            return all.into_unanalysable(self.fences);
+        }
         // TRUNCATE … CASCADE, DROP/ALTER SCHEMA and the commands below reach
         // fenced tables they do not name; they are rare, so they skip the pre-filter.
         let ddl = matches!(first, "truncate" | "drop" | "alter");

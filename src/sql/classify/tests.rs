@@ -190,6 +190,19 @@ const ROWS: &[(&str, &str)] = &[
     ("DROP TYPE mood CASCADE", "write:invoices,ledger,Mixed"),
     ("drop function f(int) cascade", "write:invoices,ledger,Mixed"),
     ("DROP OWNED BY bob", "write:invoices,ledger,Mixed"),
+    // An extension's member tables go with it, or move, or its update script writes them.
+    ("DROP EXTENSION autoinc", "write:invoices,ledger,Mixed"),
+    ("ALTER EXTENSION autoinc SET SCHEMA s2", "write:invoices,ledger,Mixed"),
+    ("alter extension postgis update", "write:invoices,ledger,Mixed"),
+    // A subscription writes local tables later, where no guard runs.
+    (
+        "CREATE SUBSCRIPTION s CONNECTION 'dbname=pub' PUBLICATION p",
+        "pf004:0,1,2",
+    ),
+    ("ALTER SUBSCRIPTION s REFRESH PUBLICATION", "pf004:0,1,2"),
+    ("ALTER SUBSCRIPTION s ENABLE", "pf004:0,1,2"),
+    ("DROP SUBSCRIPTION s", "other"),
+    ("CREATE EXTENSION autoinc", "other"),
     (
         "ALTER TYPE addr DROP ATTRIBUTE zip CASCADE",
         "write:invoices,ledger,Mixed",

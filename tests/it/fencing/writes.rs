@@ -471,3 +471,29 @@ async fn a_stale_epoch_cannot_rename_a_fenced_table_by_another_alter() {
         f.admin.batch_execute(back).await.unwrap();
     }
 }
+
+/// A fenced table can be a member of an extension (as PostGIS's `spatial_ref_sys` is of
+/// PostGIS): `DROP EXTENSION` drops it and `ALTER EXTENSION … SET SCHEMA` moves it out of
+/// its fence's name, so from a stale epoch both are refused (PF001) though they name no
+/// table. Control: straight to Postgres the drop takes the fenced table with it.
+#[tokio::test]
+async fn a_stale_epoch_cannot_drop_or_move_an_extension_a_fenced_table_belongs_to() {
+    let (f, stale, _current) = stale_and_current().await;
+    f.admin
+        .batch_execute("CREATE EXTENSION autoinc; ALTER EXTENSION autoinc ADD TABLE sweep_state; CREATE SCHEMA away")
+        .await
+        .unwrap();
+    for sql in ["DROP EXTENSION autoinc", "ALTER EXTENSION autoinc SET SCHEMA away"] {
+        assert_eq!(code(&stale.batch_execute(sql).await), "PF001", "simple: {sql}");
+        assert_eq!(code(&stale.execute(sql, &[]).await), "PF001", "extended: {sql}");
+    }
+    assert_eq!(f.note().await.0, "init");
+    f.direct().await.batch_execute("DROP EXTENSION autoinc").await.unwrap();
+    let left: Option<String> = f
+        .admin
+        .query_one("SELECT to_regclass('public.sweep_state')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, None, "control: the fenced table went with the extension");
+}
