@@ -86,17 +86,26 @@ pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm
 
 /// SQL `PREPARE` of [`GUARD_SQL`] under `name` (an unquoted lower-case identifier), for the
 /// simple protocol, without a trailing semicolon. Prepared statements outlive a rolled-back
-/// transaction, so one PREPARE serves the session.
+/// transaction, so one PREPARE serves the session. The statement is the one the extended
+/// protocol prepares under the same name, with the same parameter types: a session may run
+/// it from either protocol, whichever prepared it.
 pub fn guard_prepare(name: &str) -> String {
-    format!("PREPARE {name} (pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool) AS {GUARD_SQL}")
+    format!("PREPARE {name} (pg_catalog.bytea, pg_catalog.int8, pg_catalog.bytea, pg_catalog.bool) AS {GUARD_SQL}")
 }
 
 /// [`guard_call`] as an SQL `EXECUTE` of the statement [`guard_prepare`] made: Postgres
-/// then neither parses nor plans the guard call in each transaction.
+/// then neither parses nor plans the guard call in each transaction. Its texts are
+/// [`utf8_param`]s, written as literals that read the same whatever the session's settings.
 pub fn guard_execute(name: &str, fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> String {
-    let call = guard_call(fence, epoch, lease_table, keep_hwm);
-    let args = call.strip_prefix("SELECT pgfence.guard").unwrap_or(&call);
-    format!("EXECUTE {name}{args}")
+    let mut sql = format!("EXECUTE {name}(");
+    push_literal(&mut sql, &utf8_param(fence));
+    let _ = write!(sql, ", {epoch}, ");
+    match lease_table {
+        Some(t) => push_literal(&mut sql, &utf8_param(t)),
+        None => sql.push_str("NULL"),
+    }
+    sql.push_str(if keep_hwm { ", true)" } else { ", false)" });
+    sql
 }
 
 /// The text-format parameters of [`GUARD_SQL`], in order (`None` is SQL NULL).
@@ -253,12 +262,18 @@ mod tests {
         let e = Epoch::parse("7").unwrap();
         assert_eq!(
             guard_prepare("pgfence_guard_v1_ab"),
-            "PREPARE pgfence_guard_v1_ab (pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool) \
-             AS SELECT pgfence.guard($1, $2, $3, $4)"
+            format!(
+                "PREPARE pgfence_guard_v1_ab (pg_catalog.bytea, pg_catalog.int8, pg_catalog.bytea, pg_catalog.bool) \
+                 AS {GUARD_SQL}"
+            )
         );
         assert_eq!(
             guard_execute("pgfence_guard_v1_ab", "o'neil", e, Some("public.leader_lease"), true),
-            "EXECUTE pgfence_guard_v1_ab('o''neil', 7, 'public.leader_lease', true)"
+            r"EXECUTE pgfence_guard_v1_ab(E'\\x6f276e65696c', 7, E'\\x7075626c69632e6c65616465725f6c65617365', true)"
+        );
+        assert_eq!(
+            guard_execute("g", "été", e, None, false),
+            r"EXECUTE g(E'\\xc3a974c3a9', 7, NULL, false)"
         );
     }
 
