@@ -332,7 +332,6 @@ mod tests {
             "SET pgfence.epoch = '5' '0'",
             "SET pgfence.epoch = '5'\n'0",
             "SET pgfence.epoch = $$open",
-            "SET pgfence.epoch = $1",
             "SET pgfence.epoch = DEFAULT 1",
             "RESET pgfence.epoch extra",
             "SET LOCAL pgfence.fence = 1 2",
