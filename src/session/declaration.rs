@@ -52,8 +52,15 @@ fn invalid(setting: Setting, reason: &str, fence: Option<&str>) -> Rejection {
     Rejection {
         code: sqlstate::INVALID_EPOCH,
         message: format!("pgfence: invalid value for {name}: {reason}"),
-        hint: "pgfence.epoch must be an integer between 1 and 9223372036854775807; the previous value stays in force."
-            .into(),
+        hint: match setting {
+            Setting::Epoch => {
+                "pgfence.epoch must be an integer between 1 and 9223372036854775807; the previous value stays in force."
+            }
+            Setting::Fence => {
+                "pgfence.fence takes the name of a fence in pgfence's config; the previous value stays in force."
+            }
+        }
+        .into(),
         // Raised without the schema (a DO block): a SET needs none.
         fences: Vec::new(),
     }
@@ -144,5 +151,14 @@ mod tests {
             "{}",
             r.message
         );
+        assert!(r.hint.starts_with("pgfence.epoch must be"), "{}", r.hint);
+        // An invalid pgfence.fence gets the hint about fences.
+        let r = run("SET pgfence.fence = 'a', 'b'").unwrap_err();
+        assert!(
+            r.message.starts_with("pgfence: invalid value for pgfence.fence: "),
+            "{}",
+            r.message
+        );
+        assert!(r.hint.starts_with("pgfence.fence takes"), "{}", r.hint);
     }
 }

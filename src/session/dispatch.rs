@@ -335,7 +335,10 @@ impl Dispatcher {
             });
             return Some(raise_block(&Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
-                message: "pgfence: statement is not valid UTF-8 and may write a fenced table; refused".into(),
+                message: format!(
+                    "pgfence: statement is not valid UTF-8 and may write a table of fence {}; refused",
+                    self.applicable_names()
+                ),
                 hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
                 fences: Vec::new(),
             }));
@@ -568,24 +571,29 @@ impl Dispatcher {
                     .analyze(&swallow_backslashes(sql), shared.reported.standard_conforming_strings)
                     .is_plain())
         {
+            let fences = self.applicable_names();
             let (message, hint) = if shared.reported.encoding_hides_backslash {
                 (
-                    "pgfence: statement has a multibyte character before a backslash, which this session's \
-                     client_encoding may read differently, and may write a fenced table; refused",
+                    format!(
+                        "pgfence: statement has a multibyte character before a backslash, which this session's \
+                         client_encoding may read differently, and may write a table of fence {fences}; refused"
+                    ),
                     "Use client_encoding UTF8 for sessions that write fenced tables.",
                 )
             } else {
                 (
-                    "pgfence: statement has a multibyte character before a backslash, a request in flight may \
-                     change client_encoding to one that reads it differently, and it may write a fenced table; \
-                     refused",
+                    format!(
+                        "pgfence: statement has a multibyte character before a backslash, a request in flight may \
+                         change client_encoding to one that reads it differently, and it may write a table of \
+                         fence {fences}; refused"
+                    ),
                     "Send such a statement once the answers to the requests before it have arrived, or pass the \
                      value as a parameter.",
                 )
             };
             return Some(Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
-                message: message.into(),
+                message,
                 hint: hint.into(),
                 fences: Vec::new(),
             });
@@ -599,9 +607,11 @@ impl Dispatcher {
             if (a != b && !(a.is_plain() && b.is_plain())) || rewrites {
                 return Some(Rejection {
                     code: crate::error::sqlstate::UNANALYSABLE,
-                    message: "pgfence: a request in flight may change standard_conforming_strings, which decides \
-                              where this statement's strings end, and the statement may write a fenced table; refused"
-                        .into(),
+                    message: format!(
+                        "pgfence: a request in flight may change standard_conforming_strings, which decides where \
+                         this statement's strings end, and the statement may write a table of fence {}; refused",
+                        self.applicable_names()
+                    ),
                     hint: "Wait for the answer to a SET standard_conforming_strings before sending such a statement, \
                            or write backslashes in E'' strings."
                         .into(),
@@ -629,9 +639,11 @@ impl Dispatcher {
         }
         Some(Rejection {
             code: crate::error::sqlstate::UNANALYSABLE,
-            message: "pgfence: statement is not valid UTF-8, and pgfence cannot tell the names in it apart on a \
-                      database with fenced tables; refused"
-                .into(),
+            message: format!(
+                "pgfence: statement is not valid UTF-8, and pgfence cannot tell the names in it apart on a database \
+                 with tables of fence {}; refused",
+                self.applicable_names()
+            ),
             hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
             fences: Vec::new(),
         })
@@ -1277,12 +1289,7 @@ impl Dispatcher {
                 (!fences.is_empty()).then(|| policy::decide(Access::Unanalysable(fences), declared, names, applicable))
             }
             Need::Missing(name) => {
-                let list = applicable
-                    .iter()
-                    .filter_map(|f| names.get(usize::from(f.0)))
-                    .map(|n| format!("\"{n}\""))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let list = self.applicable_names();
                 Some(Decision::Reject(Rejection {
                     code: crate::error::sqlstate::UNANALYSABLE,
                     message: format!(
@@ -1317,6 +1324,18 @@ impl Dispatcher {
             f.name.as_str(),
             self.fences.lease_tables[usize::from(fence.0)].as_deref(),
         )
+    }
+
+    /// The fences of this database as a refusal lists them (`"a", "b"`), for a text that may
+    /// write any of them.
+    fn applicable_names(&self) -> String {
+        let names = &self.fences.names;
+        let quoted = self
+            .fences
+            .applicable
+            .iter()
+            .filter_map(|f| names.get(usize::from(f.0)));
+        quoted.map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
     }
 
     /// The name of the fence the session's epoch is for, as far as pgfence can tell now: the

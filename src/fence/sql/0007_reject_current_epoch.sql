@@ -3,13 +3,16 @@
 -- Applied by `pgfence init` after 0006 (src/fence/install.rs), in one transaction.
 --
 -- PF002 (no epoch) and PF004 (cannot be analysed) are decided by the proxy and raised by
--- pgfence.reject, which runs with the caller's rights and so cannot read pgfence.fence.
--- Their messages named the fence but not its current epoch, which the contract asks of every
--- refusal. This version adds pgfence.reject(code, message, hint, fences): it appends the
--- current epoch of each fence named (the HWM, which the lease epoch never exceeds; 0 for a
--- fence no epoch has written yet) and raises as the three-argument form does. It reads
--- without locking: the number is informational, the refusal does not depend on it.
--- The three-argument form stays for proxies of version 6 and for refusals that name no fence.
+-- pgfence.reject(code, message, hint), which the proxy gave the fence's name only inside the
+-- message, and whose messages so lacked the fence's current epoch, which the contract asks of
+-- every refusal (only the database knows it). This version adds pgfence.reject(code,
+-- message, hint, fences): it appends the current epoch of each fence named (the HWM, which the
+-- lease epoch never exceeds; 0 for a fence no epoch has written yet) and raises as the
+-- three-argument form does. It reads without locking: the number is informational, the
+-- refusal does not depend on it. Like the guard it reads the fence rows with the installer's
+-- rights (SECURITY DEFINER), whatever a role was left of PUBLIC's SELECT on pgfence.fence: a
+-- refusal must not turn into a permission error. The three-argument form stays for proxies
+-- of version 6.
 
 CREATE FUNCTION pgfence.reject(p_code text, p_message text, p_hint text, p_fences text[])
     RETURNS void

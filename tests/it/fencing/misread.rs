@@ -28,7 +28,10 @@ async fn a_backslash_inside_an_sjis_character_hides_nothing() {
     let sjis = [("client_encoding", "SJIS")];
     let mut s = stale(&f, f.proxy.port(), &sjis).await;
     s.send(&raw_query(SJIS_HIDDEN)).await;
-    assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
+    let refused = s.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(codes(&refused), ["PF004"]);
+    let message = refused[0].field(b'M').unwrap_or_default();
+    assert!(message.contains("may write a table of fence \"sweeper\"; refused"), "{message}");
     assert_eq!(f.note().await.0, "init");
     // SJIS text that cannot hide anything passes: no backslash after a multibyte character,
     // or, read as Postgres reads it, it only reads and names no fenced table.
