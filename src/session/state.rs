@@ -51,9 +51,9 @@ pub enum Injected {
 /// pgfence's own prepared statements (extended protocol).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OwnStatement {
-    /// `SELECT pgfence.guard($1,$2,$3,$4)`.
+    /// `SELECT pgfence.guard(…)` ([`crate::fence::call::GUARD_SQL`]).
     Guard,
-    /// `SELECT pgfence.reject($1,$2,$3)`.
+    /// `SELECT pgfence.reject(…)` ([`crate::fence::call::REJECT_SQL`]).
     Reject,
     /// The schema probe of rewrite fences without a lease (see `fence::call::PROBE_SQL`).
     Probe,
