@@ -737,7 +737,7 @@ impl Dispatcher {
                     Some(name) => guard_sql::reject_if_prepared_call(&name, r.code, &r.message, &r.hint, &fences),
                     None => guard_sql::reject_call(r.code, &r.message, &r.hint, &fences),
                 };
-                Some((Injected::Reject, call))
+                Some((Injected::Reject(r.fences.first().copied()), call))
             }
         }
     }
@@ -1072,7 +1072,7 @@ impl Dispatcher {
                     }
                     None => OwnStatement::Reject,
                 };
-                (own, Injected::Reject, params)
+                (own, Injected::Reject(r.fences.first().copied()), params)
             }
         };
         let name = own.name();

@@ -271,7 +271,7 @@ impl Dispatcher {
             }
             Plan::Reject(r) => SimpleRewrite {
                 before: Some((
-                    Injected::Reject,
+                    Injected::Reject(r.fences.first().copied()),
                     guard_sql::reject_call(r.code, &r.message, &r.hint, &self.epoch_names(&r)),
                 )),
                 rewrite: None,

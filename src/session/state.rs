@@ -37,8 +37,8 @@ use crate::sql::classify::{Analysis, SavepointOp, StmtKind};
 pub enum Injected {
     /// The guard for this fence and epoch.
     Guard(FenceId, Epoch),
-    /// A call that raises a rejection.
-    Reject,
+    /// A call that raises a rejection of a write to this fence (the first it names).
+    Reject(Option<FenceId>),
     /// Preparing one of pgfence's own statements.
     Prepare(OwnStatement),
     /// Bind or Close of pgfence's own portal, or a Close before a re-prepare.
@@ -1074,7 +1074,7 @@ impl Shared {
 
     /// An ErrorResponse to an extended-protocol unit: Postgres now skips to Sync.
     fn extended_error(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
-        // The guard this unit prepares or binds for (its Execute is still queued).
+        // The guard or refusal this unit prepares or binds for (its Execute is still queued).
         let injected = match injected {
             Some(Injected::Prepare(_) | Injected::Plumbing) => self.guard_ahead().or(injected),
             Some(Injected::Reprepare) => None,
@@ -1132,13 +1132,13 @@ impl Shared {
         }
     }
 
-    /// The first guard queued up to the next Sync.
+    /// The first guard or refusal queued up to the next Sync.
     fn guard_ahead(&self) -> Option<Injected> {
         self.pending
             .iter()
             .take_while(|u| !matches!(u, Unit::Sync { .. } | Unit::Query { .. }))
             .find_map(|u| match u {
-                Unit::Execute(Some(g @ Injected::Guard(..)), _) => Some(*g),
+                Unit::Execute(Some(g @ (Injected::Guard(..) | Injected::Reject(_))), _) => Some(*g),
                 _ => None,
             })
     }
@@ -1218,6 +1218,13 @@ impl Shared {
             let message = match injected {
                 Some(Injected::Guard(fence, epoch)) => format!(
                     "pgfence: {schema}, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
+                    self.fences
+                        .as_ref()
+                        .and_then(|f| f.names.get(usize::from(fence.0)))
+                        .map_or("?", String::as_str)
+                ),
+                Some(Injected::Reject(Some(fence))) => format!(
+                    "pgfence: {schema}; writes to fence \"{}\" are refused",
                     self.fences
                         .as_ref()
                         .and_then(|f| f.names.get(usize::from(fence.0)))

@@ -250,7 +250,11 @@ async fn a_version_6_schema_asks_for_init_where_it_lacks_a_function() {
         assert_eq!(code(&r), "PF005");
         let e = r.unwrap_err();
         let message = e.as_db_error().unwrap().message();
-        assert!(message.contains("older than this pgfence"), "{message}");
+        assert_eq!(
+            message,
+            "pgfence: the database's pgfence schema is older than this pgfence; writes to fence \"sweeper\" \
+             are refused"
+        );
     }
     install(&mut admin, cluster.port(), NO_LEASE).await;
     let r = none.execute(WRITE, &[]).await;
