@@ -2,10 +2,14 @@
 //!
 //! Literals are written so that their meaning does not depend on the session's
 //! settings: plain ASCII without backslashes becomes a standard string (`'it''s'`),
-//! which reads the same whether `standard_conforming_strings` is on or off; anything
-//! else becomes an escape string (`E'a\\b\u00e9'`), whose meaning never depends on that
-//! setting, with every non-ASCII character written as a Unicode escape so that the
-//! text is pure ASCII and reads the same in every `client_encoding`.
+//! which reads the same whether `standard_conforming_strings` is on or off; ASCII with
+//! backslashes an escape string (`E'a\\b'`), whose meaning never depends on that setting.
+//! A text with other characters is sent as its UTF-8 bytes, which the server converts
+//! (`pg_catalog.convert_from(E'\\xc3a9'::pg_catalog.bytea, 'UTF8')`): the SQL stays pure
+//! ASCII, which reads the same in every `client_encoding`, and the conversion works in every
+//! database encoding that has the characters (SQL_ASCII included, where a Unicode escape
+//! fails). So a literal of such a text is an expression; one of ASCII text is a constant
+//! (a `DO` block's body, which pgfence writes in ASCII, must be one).
 
 use std::fmt::Write as _;
 
@@ -189,34 +193,23 @@ pub fn quote_literal(value: &str) -> String {
 }
 
 fn push_literal(out: &mut String, value: &str) {
-    let plain = value.bytes().all(|b| b.is_ascii() && b != b'\\' && b != 0);
-    if plain {
-        out.push('\'');
-        for c in value.chars() {
-            if c == '\'' {
-                out.push('\'');
-            }
-            out.push(c);
-        }
-        out.push('\'');
+    if !value.bytes().all(|b| b.is_ascii() && b != 0) {
+        // The text's UTF-8 bytes, converted by the server: a Unicode escape (`E'\u00E9'`)
+        // fails in a SQL_ASCII database, and the client's bytes would be read in its
+        // encoding. A NUL, which no Postgres string can hold, becomes U+FFFD.
+        let value = value.replace('\0', "\u{FFFD}");
+        out.push_str("pg_catalog.convert_from(");
+        push_literal(out, &utf8_param(&value));
+        out.push_str("::pg_catalog.bytea, 'UTF8')");
         return;
     }
-    out.push_str("E'");
+    let escape = value.contains('\\');
+    out.push_str(if escape { "E'" } else { "'" });
     for c in value.chars() {
         match c {
             '\'' => out.push_str("''"),
             '\\' => out.push_str("\\\\"),
-            '\0' => out.push_str("\\uFFFD"),
-            c if c.is_ascii() => out.push(c),
-            c => {
-                let code = u32::from(c);
-                // Writing to a String cannot fail.
-                let _ = if code <= 0xFFFF {
-                    write!(out, "\\u{code:04X}")
-                } else {
-                    write!(out, "\\U{code:08X}")
-                };
-            }
+            c => out.push(c),
         }
     }
     out.push('\'');
@@ -235,9 +228,18 @@ mod tests {
             ("'; DROP TABLE x; --", "'''; DROP TABLE x; --'"),
             ("a\\b", "E'a\\\\b'"),
             ("a\\'b", "E'a\\\\''b'"),
-            ("été", "E'\\u00E9t\\u00E9'"),
-            ("🦀", "E'\\U0001F980'"),
-            ("nul\0", "E'nul\\uFFFD'"),
+            (
+                "été",
+                "pg_catalog.convert_from(E'\\\\xc3a974c3a9'::pg_catalog.bytea, 'UTF8')",
+            ),
+            (
+                "🦀",
+                "pg_catalog.convert_from(E'\\\\xf09fa680'::pg_catalog.bytea, 'UTF8')",
+            ),
+            (
+                "nul\0",
+                "pg_catalog.convert_from(E'\\\\x6e756cefbfbd'::pg_catalog.bytea, 'UTF8')",
+            ),
         ];
         for (input, expected) in cases {
             assert_eq!(quote_literal(input), expected, "{input:?}");

@@ -320,3 +320,48 @@ async fn a_fence_named_in_another_alphabet_is_checked_in_any_client_encoding() {
         String::from_utf8_lossy(&error.body)
     );
 }
+
+/// A SQL_ASCII database, where Postgres refuses Unicode escapes above U+007F: the texts
+/// pgfence writes into its calls (a fence named `été` in the guard call it spells out
+/// before its statement is prepared, the messages of its refusals) still reach the
+/// database, as UTF-8 bytes. Current writes commit, stale ones get PF001, none PF002, and
+/// an `EXECUTE` of no statement Postgres' own 26000. Control: straight to Postgres the
+/// stale write lands.
+#[tokio::test]
+async fn a_fence_named_in_another_alphabet_works_in_a_sql_ascii_database() {
+    let cluster = Cluster::shared();
+    let db = format!("{}_ascii", cluster.fresh_db().await);
+    let postgres = cluster.admin("postgres").await;
+    postgres
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        ))
+        .await
+        .unwrap();
+    let toml = "[[fence]]\nname = \"été\"\ntables = [\"sweep_state\"]\n";
+    let mut admin = cluster.admin(&db).await;
+    admin.batch_execute(SEED_SQL).await.unwrap();
+    install(&mut admin, cluster.port(), toml).await;
+    let proxy = Proxy::start(cluster.port(), toml).await;
+    let session = |port: u16, epoch: Option<&'static str>| {
+        let db = db.clone();
+        async move {
+            let mut params = vec![("user", "postgres"), ("database", db.as_str())];
+            if let Some(e) = epoch {
+                params.push(("pgfence.epoch", e));
+            }
+            Raw::startup(port, &params).await.0
+        }
+    };
+    // Each session's first write spells the guard call out.
+    assert!(codes(&session(proxy.port(), Some("5")).await.simple(STALE).await).is_empty());
+    assert_eq!(
+        codes(&session(proxy.port(), Some("3")).await.simple(STALE).await),
+        ["PF001"]
+    );
+    let mut none = session(proxy.port(), None).await;
+    assert_eq!(codes(&none.simple(STALE).await), ["PF002"]);
+    assert_eq!(codes(&none.simple("EXECUTE nosuch").await), ["26000"]);
+    // Control.
+    assert!(codes(&session(cluster.port(), Some("3")).await.simple(STALE).await).is_empty());
+}
