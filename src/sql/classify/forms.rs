@@ -497,11 +497,18 @@ pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
 /// that is a name only makes the statement count as a write to every fence.
 ///
 /// An extension's members can be tables: `DROP EXTENSION` drops them, and `ALTER
-/// EXTENSION` runs an update script or moves them to another schema.
+/// EXTENSION` runs an update script or moves them to another schema. `ALTER DOMAIN`
+/// changes the default or constraints of every column of that domain, and `ALTER TABLE
+/// ALL IN TABLESPACE` moves every table there (`all` is reserved: no table of that name
+/// can be written without quotes).
 pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
     c.toks.next();
-    c.peek_is_word("owned") || c.peek_is_word("extension") || c.toks.any(|t| t.is_word(text, "cascade"))
+    c.peek_is_word("owned")
+        || c.peek_is_word("extension")
+        || c.peek_is_word("domain")
+        || (c.eat_word("table") && c.peek_is_word("all"))
+        || c.toks.any(|t| t.is_word(text, "cascade"))
 }
 
 /// Whether a CREATE or ALTER makes a subscription write: its initial copy and then its
@@ -545,6 +552,15 @@ pub(super) fn dml_targets(text: &str, lexing: Lexing) -> Option<(Vec<TableName>,
         c.eat_word("into").then_some(())?;
         false
     } else if kw("alter") {
+        // `INHERIT`, `ATTACH` and `DETACH PARTITION` link the target to a table this reading
+        // does not follow: leave the statement to the callers' fail-closed reading.
+        let links = ["inherit", "attach", "detach"];
+        if Cur::new(text, lexing)
+            .toks
+            .any(|t| links.iter().any(|w| t.is_word(text, w)))
+        {
+            return None;
+        }
         c.eat_word("table").then_some(())?;
         if c.eat_word("if") && !c.eat_word("exists") {
             return None;

@@ -352,7 +352,6 @@ const NEVER_WRITE: &[&str] = &[
     "load",
     "lock",
     "notify",
-    "reassign",
     "refresh",
     "reindex",
     "release",
@@ -430,11 +429,14 @@ impl<'a> Ctx<'a> {
         }
         // TRUNCATE … CASCADE, DROP/ALTER SCHEMA and the commands below reach
         // fenced tables they do not name; they are rare, so they skip the pre-filter.
-        let ddl = matches!(first, "truncate" | "drop" | "alter");
+        let ddl = matches!(first, "truncate" | "drop" | "alter" | "reassign");
         if (!ddl || self.fences.is_empty()) && !self.may_name_fence(&span) {
             return StmtKind::Other;
         }
-        if matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing) {
+        // `REASSIGN OWNED` changes the owner of whatever a role owns, fenced tables included.
+        if (first == "reassign" || matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing))
+            && !self.fences.is_empty()
+        {
             let all = Hits {
                 all: true,
                 ..Hits::default()
@@ -547,14 +549,15 @@ impl<'a> Ctx<'a> {
                 match lower.get(tok.span) {
                     // Writes through what the text does not name, wherever they stand
                     // (`EXPLAIN ANALYZE EXECUTE`, `CREATE TABLE … AS EXECUTE`).
-                    Some(b"execute" | b"drop" | b"alter" | b"truncate") => unnamed = true,
+                    // A subscription writes local tables later, where no guard runs.
+                    Some(b"execute" | b"drop" | b"alter" | b"truncate" | b"subscription") => unnamed = true,
                     // Commands that run a portal or change what pgfence keeps of the session
                     // (statements, declarations, savepoints), which it would not see. Only
                     // where a statement starts: the words are also clauses (`FETCH FIRST`)
                     // and column names.
                     Some(
                         b"fetch" | b"move" | b"prepare" | b"deallocate" | b"reset" | b"discard" | b"rollback"
-                        | b"abort" | b"savepoint" | b"release",
+                        | b"abort" | b"savepoint" | b"release" | b"reassign",
                     ) if start => unnamed = true,
                     Some(b"do" | b"call") => routine = true,
                     _ => {}

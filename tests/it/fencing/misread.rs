@@ -31,7 +31,10 @@ async fn a_backslash_inside_an_sjis_character_hides_nothing() {
     let refused = s.read_until(|m| m.tag == b'Z').await;
     assert_eq!(codes(&refused), ["PF004"]);
     let message = refused[0].field(b'M').unwrap_or_default();
-    assert!(message.contains("may write a table of fence \"sweeper\"; refused"), "{message}");
+    assert!(
+        message.contains("may write a table of fence \"sweeper\"; refused"),
+        "{message}"
+    );
     assert_eq!(f.note().await.0, "init");
     // SJIS text that cannot hide anything passes: no backslash after a multibyte character,
     // or, read as Postgres reads it, it only reads and names no fenced table.

@@ -497,3 +497,46 @@ async fn a_stale_epoch_cannot_drop_or_move_an_extension_a_fenced_table_belongs_t
         .get(0);
     assert_eq!(left, None, "control: the fenced table went with the extension");
 }
+
+/// Linking a table to a fenced one in a spelling pgfence's SQL parser cannot read (`ALTER
+/// TABLE t * …`, several subcommands) is refused (PF004), not taken for a change of `t`
+/// alone; and `REASSIGN OWNED`, which changes the owner of whatever a role owns, counts as
+/// a write to every fence (PF001). Control: straight to Postgres the link is made and the
+/// partitioned parent empties the fenced table.
+#[tokio::test]
+async fn a_stale_epoch_cannot_link_a_fenced_table_in_any_spelling() {
+    let (f, stale, _current) = stale_and_current().await;
+    f.admin
+        .batch_execute(
+            "CREATE TABLE ch (LIKE sweep_state); CREATE INDEX chi ON ch (id);
+             CREATE TABLE pp (LIKE sweep_state) PARTITION BY RANGE (id);
+             DO $$ BEGIN CREATE ROLE pgfence_it_owner; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
+    let links = [
+        "ALTER TABLE ch * INHERIT sweep_state",
+        "ALTER TABLE ch CLUSTER ON chi, INHERIT sweep_state",
+        "ALTER TABLE pp * ATTACH PARTITION sweep_state FOR VALUES FROM (0) TO (100000)",
+    ];
+    for sql in links {
+        assert_eq!(code(&stale.batch_execute(sql).await), "PF004", "simple: {sql}");
+        assert_eq!(code(&stale.execute(sql, &[]).await), "PF004", "extended: {sql}");
+    }
+    let reassign = "REASSIGN OWNED BY pgfence_it_owner TO postgres";
+    assert_eq!(code(&stale.batch_execute(reassign).await), "PF001");
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    f.direct()
+        .await
+        .batch_execute(&format!("{}; DELETE FROM pp", links[2]))
+        .await
+        .unwrap();
+    let left: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM sweep_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
