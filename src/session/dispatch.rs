@@ -1329,13 +1329,12 @@ impl Dispatcher {
     /// The fences of this database as a refusal lists them (`"a", "b"`), for a text that may
     /// write any of them.
     fn applicable_names(&self) -> String {
-        let names = &self.fences.names;
-        let quoted = self
+        let names = self
             .fences
             .applicable
             .iter()
-            .filter_map(|f| names.get(usize::from(f.0)));
-        quoted.map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+            .filter_map(|f| self.fences.names.get(usize::from(f.0)));
+        names.map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
     }
 
     /// The name of the fence the session's epoch is for, as far as pgfence can tell now: the
