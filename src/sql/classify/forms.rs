@@ -497,16 +497,14 @@ pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
 /// that is a name only makes the statement count as a write to every fence.
 ///
 /// An extension's members can be tables: `DROP EXTENSION` drops them, and `ALTER
-/// EXTENSION` runs an update script or moves them to another schema. `ALTER DOMAIN`
-/// changes the default or constraints of every column of that domain, and `ALTER TABLE
-/// ALL IN TABLESPACE` moves every table there (`all` is reserved: no table of that name
-/// can be written without quotes).
+/// EXTENSION` runs an update script or moves them to another schema. `ALTER TABLE ALL IN
+/// TABLESPACE` moves every table there (`all` is reserved: no table of that name can be
+/// written without quotes).
 pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
     c.toks.next();
     c.peek_is_word("owned")
         || c.peek_is_word("extension")
-        || c.peek_is_word("domain")
         || (c.eat_word("table") && c.peek_is_word("all"))
         || c.toks.any(|t| t.is_word(text, "cascade"))
 }
@@ -514,12 +512,23 @@ pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
 /// Whether a CREATE or ALTER makes a subscription write: its initial copy and then its
 /// apply worker write every local table of the publications' names, in transactions of
 /// their own, long after this statement and whoever led when it ran (`CREATE
-/// SUBSCRIPTION`, `ALTER SUBSCRIPTION … ENABLE | REFRESH | SET/ADD PUBLICATION`). No guard
-/// can check those writes.
+/// SUBSCRIPTION`, `ALTER SUBSCRIPTION … ENABLE | REFRESH PUBLICATION | SET/ADD/DROP
+/// PUBLICATION`, which refresh by default). No guard can check those writes. The other
+/// forms (`DISABLE`, `OWNER TO`, `RENAME TO`, `SET (slot_name = NONE)`, …) start none.
 pub(super) fn starts_a_subscription(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
+    let create = c.peek_is_word("create");
     c.toks.next();
-    c.eat_word("subscription")
+    if !c.eat_word("subscription") {
+        return false;
+    }
+    if create {
+        return true;
+    }
+    c.toks.next();
+    c.eat_word("enable")
+        || c.eat_word("refresh")
+        || ((c.eat_word("set") || c.eat_word("add") || c.eat_word("drop")) && c.peek_is_word("publication"))
 }
 
 /// Whether an ALTER changes an object that is not a table and cannot reach one's rows or
@@ -554,12 +563,15 @@ pub(super) fn dml_targets(text: &str, lexing: Lexing) -> Option<(Vec<TableName>,
     } else if kw("alter") {
         // `INHERIT`, `ATTACH` and `DETACH PARTITION` link the target to a table this reading
         // does not follow: leave the statement to the callers' fail-closed reading.
-        let links = ["inherit", "attach", "detach"];
-        if Cur::new(text, lexing)
+        let mut words = Cur::new(text, lexing)
             .toks
-            .any(|t| links.iter().any(|w| t.is_word(text, w)))
-        {
-            return None;
+            .filter(|t| t.kind == TokenKind::Word)
+            .peekable();
+        while let Some(t) = words.next() {
+            let partition = words.peek().is_some_and(|n| n.is_word(text, "partition"));
+            if t.is_word(text, "inherit") || (t.is_word(text, "attach") || t.is_word(text, "detach")) && partition {
+                return None;
+            }
         }
         c.eat_word("table").then_some(())?;
         if c.eat_word("if") && !c.eat_word("exists") {

@@ -540,17 +540,22 @@ impl<'a> Ctx<'a> {
         // Whether the token starts a statement as Postgres may split the text: its first,
         // or the first after a `;`.
         let mut at_start = true;
+        // Whether the token before was a `CREATE` that starts a statement.
+        let mut created = false;
         for tok in Lexer::new(text, self.lexing) {
             if unnamed {
                 break;
             }
             let start = std::mem::replace(&mut at_start, tok.kind == TokenKind::Punct(b';'));
+            let after_create = std::mem::take(&mut created);
             if tok.kind == TokenKind::Word {
                 match lower.get(tok.span) {
                     // Writes through what the text does not name, wherever they stand
                     // (`EXPLAIN ANALYZE EXECUTE`, `CREATE TABLE … AS EXECUTE`).
+                    Some(b"execute" | b"drop" | b"alter" | b"truncate") => unnamed = true,
+                    Some(b"create") => created = start,
                     // A subscription writes local tables later, where no guard runs.
-                    Some(b"execute" | b"drop" | b"alter" | b"truncate" | b"subscription") => unnamed = true,
+                    Some(b"subscription") if after_create => unnamed = true,
                     // Commands that run a portal or change what pgfence keeps of the session
                     // (statements, declarations, savepoints), which it would not see. Only
                     // where a statement starts: the words are also clauses (`FETCH FIRST`)

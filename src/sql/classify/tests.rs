@@ -86,6 +86,9 @@ fn texts_split_by_the_routine_body_rule_are_taken_whole() {
         assert!(analyze(&text, &f).uncertain);
         assert_eq!(run(&text, &f), "pf004:0,1,2", "{tail}");
     }
+    // A column named `subscription` is no subscription.
+    let text = "CREATE FUNCTION z() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END; SELECT subscription FROM t";
+    assert_eq!(run(text, &f), "other");
 }
 
 fn run(sql: &str, f: &FenceSet) -> String {
@@ -210,6 +213,15 @@ const ROWS: &[(&str, &str)] = &[
     ),
     ("ALTER SUBSCRIPTION s REFRESH PUBLICATION", "pf004:0,1,2"),
     ("ALTER SUBSCRIPTION s ENABLE", "pf004:0,1,2"),
+    ("ALTER SUBSCRIPTION s SET PUBLICATION p2", "pf004:0,1,2"),
+    (
+        "alter subscription s add publication p2 with (refresh = false)",
+        "pf004:0,1,2",
+    ),
+    // Forms that start no writes: pg_dump's, and the way to drop one whose slot is gone.
+    ("ALTER SUBSCRIPTION s DISABLE", "other"),
+    ("ALTER SUBSCRIPTION s SET (slot_name = NONE)", "other"),
+    ("ALTER SUBSCRIPTION s OWNER TO bob", "other"),
     ("DROP SUBSCRIPTION s", "other"),
     ("CREATE EXTENSION autoinc", "other"),
     (
@@ -220,7 +232,10 @@ const ROWS: &[(&str, &str)] = &[
     // It changes the owner of whatever bob owns, as ALTER TABLE … OWNER does.
     ("REASSIGN OWNED BY bob TO alice", "write:invoices,ledger,Mixed"),
     // Every column of a domain, every table in a tablespace.
-    ("ALTER DOMAIN dpos SET DEFAULT 99", "write:invoices,ledger,Mixed"),
+    // A domain's default applies to rows written later, its owner to nothing in the table
+    // (pg_dump writes `ALTER DOMAIN … OWNER TO` for every domain).
+    ("ALTER DOMAIN dpos SET DEFAULT 99", "other"),
+    ("ALTER DOMAIN public.dpos OWNER TO bob", "other"),
     (
         "ALTER TABLE ALL IN TABLESPACE pg_default SET TABLESPACE ts1",
         "write:invoices,ledger,Mixed",
@@ -235,6 +250,8 @@ const ROWS: &[(&str, &str)] = &[
         "pf004:0",
     ),
     ("ALTER TABLE pp * DETACH PARTITION invoices", "pf004:0"),
+    // A column of that name links nothing: the target is written, under its guard.
+    ("ALTER TABLE invoices * ADD COLUMN detach bool", "write:invoices"),
     ("ALTER SCHEMA billing RENAME TO b2", "write:ledger"),
     ("DROP VIEW invoices_v", "other"),
     ("DROP INDEX invoices_idx", "other"),
