@@ -75,8 +75,8 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
                     "pgfence: statement cannot be analysed and may write a table of fence {list}; refused{at}"
                 ),
                 hint: "pgfence cannot see inside CALL, DO or statements it cannot parse, nor follow a chain of \
-                       prepared statements and portals far or one that changes the session; write fenced tables \
-                       with plain INSERT/UPDATE/DELETE/MERGE."
+                       prepared statements and portals far or one that changes the session, nor check what a \
+                       subscription writes later; write fenced tables with plain INSERT/UPDATE/DELETE/MERGE."
                     .into(),
                 fences: fences.to_vec(),
             });

@@ -419,8 +419,9 @@ pub(super) fn as_execute(text: &str, lexing: Lexing) -> Option<String> {
 
 /// Whether a statement sqlparser could not parse only defines an object that reads a
 /// table's rows or describes them: `CREATE [OR REPLACE] [TEMP] [RECURSIVE] VIEW` (Postgres
-/// refuses a data-modifying WITH in a view), `CREATE STATISTICS`, `CREATE PUBLICATION`.
-/// Without any data-modifying keyword, for good measure.
+/// refuses a data-modifying WITH in a view), `CREATE MATERIALIZED VIEW` (likewise; pg_dump
+/// writes each one `… WITH NO DATA`, which sqlparser does not read), `CREATE STATISTICS`,
+/// `CREATE PUBLICATION`. Without any data-modifying keyword, for good measure.
 pub(super) fn defines_a_reader(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
     if !c.eat_word("create") {
@@ -428,6 +429,8 @@ pub(super) fn defines_a_reader(text: &str, lexing: Lexing) -> bool {
     }
     let defines = if c.eat_word("statistics") || c.eat_word("publication") {
         true
+    } else if c.eat_word("materialized") {
+        c.eat_word("view")
     } else {
         if c.eat_word("or") && !c.eat_word("replace") {
             return false;
@@ -496,17 +499,23 @@ pub(super) fn has_dml_keyword(text: &str, lexing: Lexing) -> bool {
 /// composite type (`ALTER TYPE … CASCADE`). Any word `cascade` counts: one
 /// that is a name only makes the statement count as a write to every fence.
 ///
-/// An extension's members can be tables: `DROP EXTENSION` drops them, and `ALTER
-/// EXTENSION` runs an update script or moves them to another schema. `ALTER TABLE ALL IN
-/// TABLESPACE` moves every table there (`all` is reserved: no table of that name can be
-/// written without quotes).
+/// An extension's members can be tables: `DROP EXTENSION` drops them, and `ALTER EXTENSION
+/// … SET SCHEMA` moves them out of their fences' names. (Its other forms add or remove
+/// members, or run an update script, which pgfence sees no more than a function's body.)
 pub(super) fn reaches_unnamed(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
+    let drop = c.peek_is_word("drop");
     c.toks.next();
-    c.peek_is_word("owned")
-        || c.peek_is_word("extension")
-        || (c.eat_word("table") && c.peek_is_word("all"))
-        || c.toks.any(|t| t.is_word(text, "cascade"))
+    if c.eat_word("extension") {
+        return drop || moves_extension(&mut c, text);
+    }
+    c.peek_is_word("owned") || c.toks.any(|t| t.is_word(text, "cascade"))
+}
+
+/// Whether the rest of an `ALTER EXTENSION`, after the word EXTENSION, is `name SET SCHEMA`.
+fn moves_extension(c: &mut Cur<'_>, text: &str) -> bool {
+    c.toks.next();
+    c.eat_word("set") && c.toks.next().is_some_and(|t| t.is_word(text, "schema"))
 }
 
 /// Whether a CREATE or ALTER makes a subscription write: its initial copy and then its
@@ -523,12 +532,29 @@ pub(super) fn starts_a_subscription(text: &str, lexing: Lexing) -> bool {
         return false;
     }
     if create {
-        return true;
+        // pg_dump writes `WITH (connect = false)`: no slot, no copy, no worker.
+        return !option_off(text, lexing, "connect") && !option_off(text, lexing, "enabled");
     }
     c.toks.next();
     c.eat_word("enable")
         || c.eat_word("refresh")
-        || ((c.eat_word("set") || c.eat_word("add") || c.eat_word("drop")) && c.peek_is_word("publication"))
+        || ((c.eat_word("set") || c.eat_word("add") || c.eat_word("drop"))
+            && c.peek_is_word("publication")
+            && !option_off(text, lexing, "refresh"))
+}
+
+/// Whether `text` sets the option `name` to false in a `WITH (…)` list: `name = false`
+/// (or `off`, `0`, as a word, number or string).
+fn option_off(text: &str, lexing: Lexing, name: &str) -> bool {
+    let toks: Vec<_> = Lexer::new(text, lexing).collect();
+    toks.windows(3).any(|w| {
+        let value = text
+            .get(w[2].span.clone())
+            .unwrap_or("")
+            .trim_matches('\'')
+            .to_ascii_lowercase();
+        w[0].is_word(text, name) && w[1].is_punct(b'=') && matches!(value.as_str(), "false" | "off" | "0")
+    })
 }
 
 /// Whether an ALTER changes an object that is not a table and cannot reach one's rows or

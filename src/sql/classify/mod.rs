@@ -352,6 +352,7 @@ const NEVER_WRITE: &[&str] = &[
     "load",
     "lock",
     "notify",
+    "reassign",
     "refresh",
     "reindex",
     "release",
@@ -429,14 +430,11 @@ impl<'a> Ctx<'a> {
         }
         // TRUNCATE … CASCADE, DROP/ALTER SCHEMA and the commands below reach
         // fenced tables they do not name; they are rare, so they skip the pre-filter.
-        let ddl = matches!(first, "truncate" | "drop" | "alter" | "reassign");
+        let ddl = matches!(first, "truncate" | "drop" | "alter");
         if (!ddl || self.fences.is_empty()) && !self.may_name_fence(&span) {
             return StmtKind::Other;
         }
-        // `REASSIGN OWNED` changes the owner of whatever a role owns, fenced tables included.
-        if (first == "reassign" || matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing))
-            && !self.fences.is_empty()
-        {
+        if matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing) && !self.fences.is_empty() {
             let all = Hits {
                 all: true,
                 ..Hits::default()
@@ -562,7 +560,7 @@ impl<'a> Ctx<'a> {
                     // and column names.
                     Some(
                         b"fetch" | b"move" | b"prepare" | b"deallocate" | b"reset" | b"discard" | b"rollback"
-                        | b"abort" | b"savepoint" | b"release" | b"reassign",
+                        | b"abort" | b"savepoint" | b"release",
                     ) if start => unnamed = true,
                     Some(b"do" | b"call") => routine = true,
                     _ => {}
