@@ -434,7 +434,7 @@ impl<'a> Ctx<'a> {
         if (!ddl || self.fences.is_empty()) && !self.may_name_fence(&span) {
             return StmtKind::Other;
         }
-        if matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing) && !self.fences.is_empty() {
+        if matches!(first, "drop" | "alter") && forms::reaches_unnamed(text, self.lexing) {
             let all = Hits {
                 all: true,
                 ..Hits::default()
