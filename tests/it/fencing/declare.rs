@@ -225,11 +225,15 @@ async fn show_agrees_with_the_declaration() {
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
 }
 
+/// The usual fence "sweeper" and a second one, "other", on table `audit`.
+fn two_fences() -> String {
+    format!("{}[[fence]]\nname = \"other\"\ntables = [\"audit\"]\n", fence_toml())
+}
+
 #[tokio::test]
 async fn several_fences_need_pgfence_fence() {
     let cluster = Cluster::shared();
-    let toml = format!("{}[[fence]]\nname = \"other\"\ntables = [\"audit\"]\n", fence_toml());
-    let f = Fixture::with(cluster, &toml).await;
+    let f = Fixture::with(cluster, &two_fences()).await;
     let e = f.takeover("a").await;
     let s = f.leader(e).await;
     // With no fence named, the message says to name one, whether or not an epoch is there.
@@ -545,8 +549,7 @@ async fn refusals_name_the_fence_and_its_current_epoch() {
 #[tokio::test]
 async fn refusals_of_several_fences_give_each_current_epoch() {
     let cluster = Cluster::shared();
-    let toml = format!("{}[[fence]]\nname = \"other\"\ntables = [\"audit\"]\n", fence_toml());
-    let f = Fixture::with(cluster, &toml).await;
+    let f = Fixture::with(cluster, &two_fences()).await;
     let e = f.takeover("a").await;
     let s = f
         .session(&format!("-c pgfence.epoch={e} -c pgfence.fence=sweeper"))
