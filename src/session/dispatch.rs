@@ -93,6 +93,11 @@ pub struct Dispatcher {
     pub(super) maybe_in_block: bool,
     /// Client statement names whose text (at their last Parse) opens a transaction block.
     begin_statements: std::collections::HashSet<String>,
+    /// Postgres is outside an explicit transaction block, as far as what was sent since it
+    /// last said so tells: then a Query, or what runs up to a Sync, is an implicit
+    /// transaction, and the declarations made in it are kept at its end (unless it fails).
+    /// False where a `BEGIN` may have opened a block, until a `COMMIT` or `ROLLBACK`.
+    outside_block: bool,
     /// Syncs and Queries sent so far (batch numbers).
     pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
@@ -166,6 +171,7 @@ impl Dispatcher {
             scs: true,
             maybe_in_block: false,
             begin_statements: std::collections::HashSet::new(),
+            outside_block: true,
             sent: 0,
             batch: 0,
             dealloc_until: 0,
@@ -183,6 +189,7 @@ impl Dispatcher {
         self.rewrite_budget.set(super::rewriting::REWRITE_BUDGET);
         if shared.pending.is_empty() {
             self.maybe_in_block = shared.tx_status != b'I';
+            self.outside_block = shared.tx_status == b'I';
             self.speculative = shared.declared.clone();
         }
         self.scs = shared.reported.standard_conforming_strings;
@@ -193,6 +200,19 @@ impl Dispatcher {
     /// such a statement cannot be rewritten without corrupting it, so a fenced
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
+        let (text, fails) = self.query(shared, sql, exact);
+        // Outside a transaction block the Query was an implicit transaction, ended with it
+        // (with an Execute before it that no Sync ended): what it declared is kept, unless
+        // it is sure to fail. Inside, the declarations wait for the COMMIT or ROLLBACK.
+        if self.outside_block {
+            self.speculative.end_transaction(!fails);
+        }
+        text
+    }
+
+    /// [`Self::on_query`], saying also whether the text sent is sure to fail as a whole
+    /// (it was replaced by a refusal).
+    fn query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> (Option<String>, bool) {
         self.prepare_ahead(shared);
         self.sent += 1;
         shared.copy_data_early = false;
@@ -209,7 +229,7 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return Some(raise_block(&r));
+            return (Some(raise_block(&r)), true);
         }
         let scs = shared.reported.standard_conforming_strings;
         let analysis = self
@@ -221,11 +241,12 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return Some(raise_block(&r));
+            return (Some(raise_block(&r)), true);
         }
         let analysis = self.keyed(shared, analysis, unsynced);
         // A text taken whole may hide a BEGIN among its statements.
         self.maybe_in_block |= analysis.uncertain;
+        self.outside_block &= !analysis.uncertain;
         let _ = self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
@@ -245,6 +266,7 @@ impl Dispatcher {
                     .any(|s| matches!(s.kind, StmtKind::EndTransaction { .. }));
             let mut parts = Vec::new();
             for stmt in &analysis.statements {
+                self.speculate_begin(sql, &stmt.span);
                 self.speculate_end(&stmt.kind);
                 if drops_portals {
                     parts.push(Part {
@@ -258,13 +280,14 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return None;
+            return (None, false);
         }
         let mut parts = Vec::with_capacity(analysis.statements.len() + 1);
         // The text sent, and how it is made of the client's (for Postgres' error positions).
         let mut out = SentText::with_capacity(sql.len() + 96);
         let mut copied = 0;
         let mut changed = false;
+        let mut fails = false;
         let single = analysis.statements.len() == 1;
         for stmt in &analysis.statements {
             let mut part = Part {
@@ -309,6 +332,7 @@ impl Dispatcher {
                     }
                 }
             }
+            self.speculate_begin(sql, &stmt.span);
             part.effect = self.note_effects(shared, &stmt.kind, batch, self.sent);
             if let StmtKind::Declare(d) = &stmt.kind {
                 match super::declaration::effect(d, shared.defined, self.session_fence()) {
@@ -322,6 +346,7 @@ impl Dispatcher {
                         out.replace(&raise_block(&rejection), &sql[stmt.span.clone()]);
                         copied = stmt.span.end;
                         changed = true;
+                        fails = true;
                     }
                 }
             }
@@ -333,7 +358,7 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return Some(raise_block(&Rejection {
+            let refusal = raise_block(&Rejection {
                 code: crate::error::sqlstate::UNANALYSABLE,
                 message: format!(
                     "pgfence: statement is not valid UTF-8 and may write a table of fence {}; refused",
@@ -341,7 +366,8 @@ impl Dispatcher {
                 ),
                 hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
                 fences: Vec::new(),
-            }));
+            });
+            return (Some(refusal), true);
         }
         if !changed {
             shared.pending.push_back(Unit::Query {
@@ -349,7 +375,7 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return None;
+            return (None, false);
         }
         out.copy(&sql[copied..]);
         shared.pending.push_back(Unit::Query {
@@ -357,7 +383,7 @@ impl Dispatcher {
             done: 0,
             positions: Some(Arc::new(out.positions)),
         });
-        Some(out.text)
+        (Some(out.text), fails)
     }
 
     /// What a statement does to the session's statement names, savepoints and transaction:
@@ -652,14 +678,7 @@ impl Dispatcher {
     /// Notes a `BEGIN` or `START TRANSACTION` among the statements at `spans` of `sql`.
     /// Returns whether there is one.
     fn note_begins(&mut self, sql: &str, spans: impl Iterator<Item = std::ops::Range<usize>>) -> bool {
-        let lexing = Lexing {
-            standard_conforming_strings: self.scs,
-        };
-        let begins = spans.into_iter().any(|span| {
-            sql.get(span)
-                .and_then(|t| crate::sql::split::first_word(t, lexing))
-                .is_some_and(|w| w.eq_ignore_ascii_case("begin") || w.eq_ignore_ascii_case("start"))
-        });
+        let begins = spans.into_iter().any(|span| self.begins(sql.get(span)));
         self.maybe_in_block |= begins;
         begins
     }
@@ -813,7 +832,10 @@ impl Dispatcher {
     /// Bind: remembers which statement the portal runs; re-prepares a
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
-        self.maybe_in_block |= !self.begin_statements.is_empty() && self.begin_statements.contains(statement);
+        if !self.begin_statements.is_empty() && self.begin_statements.contains(statement) {
+            self.maybe_in_block = true;
+            self.outside_block = false;
+        }
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
         // and keeps the old portal, so an Execute of the name may run either. Not when
         // this batch closes it first: that Close cannot fail, and if the batch is skipped
@@ -984,6 +1006,10 @@ impl Dispatcher {
         shared.unsynced = false;
         self.sent += 1;
         self.batch += 1;
+        // Outside a transaction block what ran up to this Sync was an implicit transaction.
+        if self.outside_block {
+            self.speculative.end_transaction(true);
+        }
         shared.pending.push_back(Unit::Sync {
             after_copy_data: shared.copy_data_early,
         });
@@ -1313,9 +1339,27 @@ impl Dispatcher {
     /// or pipeline: its settings changes commit or roll back with it, as it says (Postgres'
     /// answer settles it once nothing is in flight, see `resync`).
     fn speculate_end(&mut self, kind: &StmtKind) {
-        if let StmtKind::EndTransaction { commit } = kind {
+        if let StmtKind::EndTransaction { commit, chain } = kind {
             self.speculative.end_transaction(*commit);
+            self.outside_block = !chain;
         }
+    }
+
+    /// A `BEGIN` or `START TRANSACTION` at `span` of `sql` opens a transaction block (in a
+    /// string, one that takes in the statements before it too).
+    fn speculate_begin(&mut self, sql: &str, span: &std::ops::Range<usize>) {
+        if self.outside_block && self.begins(sql.get(span.clone())) {
+            self.outside_block = false;
+        }
+    }
+
+    /// Whether `text` is a `BEGIN` or `START` (`TRANSACTION`).
+    fn begins(&self, text: Option<&str>) -> bool {
+        let lexing = Lexing {
+            standard_conforming_strings: self.scs,
+        };
+        text.and_then(|t| crate::sql::split::first_word(t, lexing))
+            .is_some_and(|w| w.eq_ignore_ascii_case("begin") || w.eq_ignore_ascii_case("start"))
     }
 
     pub(super) fn fence_args(&self, fence: FenceId) -> (&str, Option<&str>) {

@@ -108,6 +108,12 @@ impl<'a> Cur<'a> {
     }
 }
 
+/// `AND CHAIN` (not `AND NO CHAIN`) after `COMMIT`, `ROLLBACK` and the like: a new
+/// transaction block starts as the old one ends.
+fn and_chain(c: &mut Cur) -> bool {
+    c.eat_word("and") && !c.eat_word("no") && c.eat_word("chain")
+}
+
 fn sub(span: &Range<usize>, rel: Range<usize>) -> Range<usize> {
     span.start + rel.start..span.start + rel.end
 }
@@ -118,7 +124,10 @@ impl Ctx<'_> {
         let mut c = Cur::new(self.text(&span), self.lexing);
         c.toks.next();
         if c.peek_is_word("transaction") {
-            return StmtKind::EndTransaction { commit: true };
+            return StmtKind::EndTransaction {
+                commit: true,
+                chain: false,
+            };
         }
         let Some(name) = c.decoded_ident() else {
             return self.unanalysable_if_named(&span);
@@ -146,8 +155,10 @@ impl Ctx<'_> {
         if c.peek_is_word("prepared") {
             return StmtKind::Other;
         }
+        let _ = c.eat_word("work") || c.eat_word("transaction");
         StmtKind::EndTransaction {
             commit: first != "abort",
+            chain: and_chain(&mut c),
         }
     }
 
@@ -167,7 +178,10 @@ impl Ctx<'_> {
                 }
                 let _ = c.eat_word("work") || c.eat_word("transaction");
                 if !c.eat_word("to") {
-                    return StmtKind::EndTransaction { commit: false };
+                    return StmtKind::EndTransaction {
+                        commit: false,
+                        chain: and_chain(&mut c),
+                    };
                 }
                 SavepointOp::RollbackTo
             }

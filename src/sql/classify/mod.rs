@@ -143,6 +143,8 @@ pub enum StmtKind {
     EndTransaction {
         /// Whether it commits, if it succeeds.
         commit: bool,
+        /// `AND CHAIN`: a new transaction block starts at once.
+        chain: bool,
     },
 }
 

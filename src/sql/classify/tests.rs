@@ -43,9 +43,13 @@ fn render(k: &StmtKind) -> String {
                 .join(",")
         ),
         StmtKind::Savepoint(op) => format!("{op:?}"),
-        StmtKind::EndTransaction { commit: true } => "end:commit".into(),
-        StmtKind::EndTransaction { commit: false } => "end:rollback".into(),
+        StmtKind::EndTransaction { commit: true, chain } => format!("end:commit{}", chain_suffix(*chain)),
+        StmtKind::EndTransaction { commit: false, chain } => format!("end:rollback{}", chain_suffix(*chain)),
     }
+}
+
+fn chain_suffix(chain: bool) -> &'static str {
+    if chain { "+chain" } else { "" }
 }
 
 /// A text whose statement boundaries rest on the routine-body rule is one statement:
@@ -538,11 +542,14 @@ const ROWS: &[(&str, &str)] = &[
     // Transaction ends: what they do to declarations is known before the command tag.
     ("ROLLBACK", "end:rollback"),
     ("ROLLBACK AND NO CHAIN", "end:rollback"),
-    ("rollback work and chain", "end:rollback"),
+    ("rollback work and chain", "end:rollback+chain"),
+    ("ROLLBACK TRANSACTION AND /* c */ CHAIN", "end:rollback+chain"),
+    ("ABORT AND CHAIN", "end:rollback+chain"),
+    ("END AND NO CHAIN", "end:commit"),
     ("ABORT TRANSACTION", "end:rollback"),
     ("ROLLBACK PREPARED 'gid'", "other"),
     ("COMMIT", "end:commit"),
-    ("commit and chain", "end:commit"),
+    ("commit and chain", "end:commit+chain"),
     ("END WORK", "end:commit"),
     ("PREPARE TRANSACTION 'gid'", "end:commit"),
     ("COMMIT PREPARED 'gid'", "other"),

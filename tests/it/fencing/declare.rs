@@ -589,3 +589,112 @@ async fn a_set_with_a_parameter_is_postgres_syntax_error() {
     assert!(s.execute("SET pgfence.epoch = $1", &[&"1"]).await.is_err());
     s.execute(WRITE, &[]).await.unwrap();
 }
+
+/// A session `SET` or `RESET` outside a transaction block is kept when its implicit
+/// transaction ends (its Query, or its batch's Sync), so a `ROLLBACK` pipelined after it,
+/// with no transaction or a later one to end, leaves it in force. The writes pipelined
+/// behind them run at the epoch Postgres shows; directly, with nothing to refuse them,
+/// the same pipelines write (the control).
+#[tokio::test]
+async fn a_declaration_kept_by_its_implicit_transaction_outlives_a_pipelined_rollback() {
+    use crate::common::raw::{bind, execute, parse, query, sync};
+    let f = Fixture::at_epoch_two().await;
+    let simple = |sqls: &[&str]| sqls.iter().map(|s| query(s)).collect::<Vec<_>>().concat();
+    let extended = |sqls: &[&str]| {
+        sqls.iter()
+            .map(|s| [parse("", s), bind("", "", &[]), execute(""), sync()].concat())
+            .collect::<Vec<_>>()
+            .concat()
+    };
+    /// A session declaring `startup` at connection time (and `first`, answered), then
+    /// sending `pipeline` at once; what pgfence refuses its write with.
+    struct Case {
+        startup: Option<&'static str>,
+        first: Option<&'static str>,
+        pipeline: Vec<u8>,
+        refusal: Option<&'static str>,
+    }
+    let case = |startup, first, pipeline, refusal| Case {
+        startup,
+        first,
+        pipeline,
+        refusal,
+    };
+    let set2 = Some("SET pgfence.epoch = 2");
+    let cases = [
+        case(
+            Some("2"),
+            None,
+            simple(&["SET pgfence.epoch = 1", "ROLLBACK", WRITE]),
+            Some("PF001"),
+        ),
+        case(
+            Some("2"),
+            None,
+            simple(&["SET pgfence.epoch = 1", "ABORT; SELECT 1", WRITE]),
+            Some("PF001"),
+        ),
+        case(
+            Some("2"),
+            None,
+            extended(&["SET pgfence.epoch = 1", "ROLLBACK", WRITE]),
+            Some("PF001"),
+        ),
+        case(
+            None,
+            set2,
+            simple(&["RESET pgfence.epoch", "BEGIN", "ROLLBACK", WRITE]),
+            Some("PF002"),
+        ),
+        case(None, set2, simple(&["DISCARD ALL", "ROLLBACK", WRITE]), Some("PF002")),
+        // Undone: the SET was inside the block the ROLLBACK ends; a SET LOCAL ends with its Query.
+        case(
+            Some("2"),
+            None,
+            simple(&["BEGIN", "SET pgfence.epoch = 1", "ROLLBACK", WRITE]),
+            None,
+        ),
+        case(
+            Some("2"),
+            None,
+            simple(&["SET LOCAL pgfence.epoch = 1; SELECT 1", WRITE]),
+            None,
+        ),
+    ];
+    for (i, c) in cases.into_iter().enumerate() {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            f.admin
+                .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                .await
+                .unwrap();
+            let mut params = vec![("user", "postgres"), ("database", f.db.as_str())];
+            params.extend(c.startup.map(|e| ("pgfence.epoch", e)));
+            let (mut s, _) = Raw::startup(port, &params).await;
+            if let Some(sql) = c.first {
+                assert_eq!(codes(&s.simple(sql).await), Vec::<String>::new());
+            }
+            s.send(&c.pipeline).await;
+            let mut got = Vec::new();
+            // One ReadyForQuery per Query or Sync; the write is the last of them.
+            for _ in 0..count_ends(&c.pipeline) {
+                got = codes(&s.read_until(|m| m.tag == b'Z').await);
+            }
+            let proxied = port == f.proxy.port();
+            let expected: Vec<String> = c.refusal.filter(|_| proxied).map(str::to_owned).into_iter().collect();
+            assert_eq!(got, expected, "case {i}, port {port}");
+            let written = f.note().await.0 == "w";
+            assert_eq!(written, expected.is_empty(), "case {i}, port {port}");
+        }
+    }
+}
+
+/// The Queries and Syncs in a stretch of client messages: one ReadyForQuery each.
+fn count_ends(mut bytes: &[u8]) -> usize {
+    let mut n = 0;
+    while bytes.len() >= 5 {
+        let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+        n += usize::from(matches!(bytes[0], b'Q' | b'S'));
+        bytes = &bytes[1 + len..];
+    }
+    n
+}
