@@ -61,9 +61,11 @@ pub enum Declaration {
     /// `DISCARD ALL`: like `RESET ALL`, and also deallocates every prepared
     /// statement and closes cursors.
     DiscardAll,
-    /// A `SET`/`RESET` of a pgfence setting in a form pgfence does not accept
-    /// (`SET pgfence.epoch = 1, 2`, `SET pgfence.epoch`, a value needing escape
-    /// processing): the caller should refuse it rather than guess.
+    /// A `SET` of a pgfence setting that Postgres reads but pgfence does not accept (`SET
+    /// pgfence.epoch = 1, 2`, which Postgres refuses only when it runs; a value needing
+    /// escape processing): the caller should refuse it rather than guess. A statement
+    /// Postgres cannot parse at all is no declaration: Postgres refuses the whole text
+    /// with a syntax error before anything in it runs.
     Malformed {
         /// The setting the statement names.
         setting: Setting,
@@ -87,10 +89,7 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
         }
         let (setting, next) = setting_name(stmt, &toks, 1)?;
         if next != toks.len() {
-            return Some(Declaration::Malformed {
-                setting,
-                reason: "unexpected text after the setting name",
-            });
+            return None; // a syntax error
         }
         return Some(Declaration::Set {
             setting,
@@ -111,13 +110,10 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
     let (setting, next) = setting_name(stmt, &toks, at)?;
     let malformed = |reason| Some(Declaration::Malformed { setting, reason });
     if word(next, "from") && word(next + 1, "current") {
-        if next + 2 != toks.len() {
-            return malformed("unexpected text after FROM CURRENT");
-        }
-        return Some(Declaration::FromCurrent { setting, scope });
+        return (next + 2 == toks.len()).then_some(Declaration::FromCurrent { setting, scope });
     }
     if !(toks.get(next).is_some_and(|t| t.is_punct(b'=')) || word(next, "to")) {
-        return malformed("expected `=` or `TO` after the setting name");
+        return None; // a syntax error
     }
     let rest = &toks[(next + 1).min(toks.len())..];
     if let [t] = rest
@@ -135,13 +131,25 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
         return None;
     }
     match value(stmt, rest, lexing) {
-        Ok(value) => Some(Declaration::Set {
+        Value::Read(value) => Some(Declaration::Set {
             setting,
             scope,
             value: Some(value),
         }),
-        Err(reason) => malformed(reason),
+        Value::Unsupported(reason) => malformed(reason),
+        Value::SyntaxError => None,
     }
+}
+
+/// What the value part of a `SET` is to Postgres and to pgfence.
+enum Value {
+    /// One value, as Postgres reads it.
+    Read(String),
+    /// Postgres reads it (and sets it, or refuses it when the statement runs); pgfence
+    /// does not.
+    Unsupported(&'static str),
+    /// Not a value to Postgres' grammar: the whole text fails to parse.
+    SyntaxError,
 }
 
 /// Reads the setting name at `toks[at..]`; returns the setting and the index after the
@@ -181,51 +189,167 @@ fn name_part(stmt: &str, toks: &[Token], i: usize) -> Option<(String, usize)> {
     Some((unicode_ident_value(stmt, t, escape)?, i + 3))
 }
 
-/// Reads the value tokens: exactly one value, optionally signed if numeric.
-fn value(stmt: &str, toks: &[Token], lexing: Lexing) -> Result<String, &'static str> {
-    let text = |t: &Token| stmt.get(t.span.clone()).unwrap_or("");
-    match toks {
-        [] => Err("missing value"),
-        [sign, num] if (sign.is_punct(b'+') || sign.is_punct(b'-')) && num.kind == TokenKind::Number => {
-            Ok(format!("{}{}", text(sign), text(num)))
+/// Reads the value tokens: exactly one value, optionally signed if numeric. A list of
+/// values is Postgres syntax (it refuses a list for a setting it does not know only when
+/// the statement runs); anything else is a syntax error.
+fn value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
+    let mut items = toks.split(|t| t.is_punct(b','));
+    let first = items.next().unwrap_or_default();
+    match one_value(stmt, first, lexing) {
+        Value::Read(v) if toks.len() == first.len() => Value::Read(v),
+        Value::SyntaxError => Value::SyntaxError,
+        other if toks.len() == first.len() => other,
+        _ if items.all(|item| !matches!(one_value(stmt, item, lexing), Value::SyntaxError)) => {
+            Value::Unsupported("expected a single value")
         }
-        [t] => single_value(text(t), t, stmt, lexing),
-        _ => Err("expected a single value"),
+        _ => Value::SyntaxError,
     }
 }
 
-fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Result<String, &'static str> {
+/// One item of a `SET`'s value: `var_value` in Postgres' grammar.
+fn one_value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
+    let text = |t: &Token| stmt.get(t.span.clone()).unwrap_or("");
+    match toks {
+        [sign, num] if (sign.is_punct(b'+') || sign.is_punct(b'-')) && num.kind == TokenKind::Number => {
+            Value::Read(format!("{}{}", text(sign), text(num)))
+        }
+        [t] => single_value(text(t), t, stmt, lexing),
+        _ => Value::SyntaxError,
+    }
+}
+
+/// Postgres' reserved key words (`pg_get_keywords()` with `catcode` R), which cannot be a
+/// value; `true`, `false` and `on` are, by a rule of their own. Sorted.
+const RESERVED: [&str; 77] = [
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "column",
+    "constraint",
+    "create",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "from",
+    "grant",
+    "group",
+    "having",
+    "in",
+    "initially",
+    "intersect",
+    "into",
+    "lateral",
+    "leading",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "not",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "select",
+    "session_user",
+    "some",
+    "symmetric",
+    "table",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "when",
+    "where",
+    "window",
+    "with",
+];
+
+fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Value {
+    let read = |r: Result<String, &'static str>| match r {
+        Ok(v) => Value::Read(v),
+        Err(reason) => Value::Unsupported(reason),
+    };
     match t.kind {
-        TokenKind::Number => Ok(raw.to_owned()),
-        TokenKind::Word | TokenKind::QuotedIdent => ident_value(stmt, t).ok_or("unreadable identifier"),
+        TokenKind::Number => Value::Read(raw.to_owned()),
+        TokenKind::Word => {
+            let word = raw.to_ascii_lowercase();
+            let literal = matches!(word.as_str(), "true" | "false" | "on");
+            if !literal && RESERVED.binary_search(&word.as_str()).is_ok() {
+                return Value::SyntaxError;
+            }
+            ident_value(stmt, t).map_or(Value::SyntaxError, Value::Read)
+        }
+        // `""` is a syntax error.
+        TokenKind::QuotedIdent => ident_value(stmt, t)
+            .filter(|v| !v.is_empty())
+            .map_or(Value::SyntaxError, Value::Read),
         TokenKind::String if raw.starts_with('\'') => unquote(raw, !lexing.standard_conforming_strings),
         TokenKind::EscapeString => unquote(&raw[1..], true),
         TokenKind::DollarString => {
             // `$tag$body$tag$`: the tag is everything up to the second `$`.
-            let tag_len = raw[1..].find('$').map(|i| i + 2).ok_or("unterminated dollar quote")?;
+            let Some(tag_len) = raw[1..].find('$').map(|i| i + 2) else {
+                return Value::SyntaxError;
+            };
             let closed = raw.len() >= 2 * tag_len && raw.ends_with(&raw[..tag_len]);
             raw.get(tag_len..raw.len() - tag_len)
                 .filter(|_| closed)
-                .map(str::to_owned)
-                .ok_or("unterminated dollar quote")
+                .map_or(Value::SyntaxError, |v| Value::Read(v.to_owned()))
         }
-        _ => Err("unsupported value"),
+        TokenKind::UnicodeString => read(Err("Unicode escape strings in the value are not supported")),
+        // `B'…'`, `X'…'`, `N'…'`, parameters, operators.
+        _ => Value::SyntaxError,
     }
 }
 
 /// `'a''b'` → `a'b`, and a literal continued over a newline joined, as Postgres reads
-/// them; refuses an unterminated string. With `escapes` (an `E''` string, or
+/// them; an unterminated string is a syntax error. With `escapes` (an `E''` string, or
 /// `standard_conforming_strings` off) it refuses a backslash in the value: pieces
 /// without one read the same either way, and a backslash in a comment between
 /// pieces is not part of the value.
-fn unquote(raw: &str, escapes: bool) -> Result<String, &'static str> {
+fn unquote(raw: &str, escapes: bool) -> Value {
     const ESCAPES: &str = "backslash escapes in the value are not supported";
     match plain_string_value(raw) {
-        Some(v) if escapes && v.contains('\\') => Err(ESCAPES),
-        Some(v) => Ok(v),
+        Some(v) if escapes && v.contains('\\') => Value::Unsupported(ESCAPES),
+        Some(v) => Value::Read(v),
         // Read with backslashes taken literally, an escaped quote can end a piece early.
-        None if escapes && raw.contains('\\') => Err(ESCAPES),
-        None => Err("unterminated string"),
+        None if escapes && raw.contains('\\') => Value::Unsupported(ESCAPES),
+        None => Value::SyntaxError,
     }
 }
 
@@ -318,26 +442,64 @@ mod tests {
         }
     }
 
+    /// Values Postgres reads (and sets, or refuses when the statement runs) that pgfence
+    /// does not read: refused.
     #[test]
-    fn odd_forms_are_malformed() {
+    fn odd_values_are_malformed() {
         for sql in [
             "SET pgfence.epoch = 1, 2",
-            "SET pgfence.epoch",
-            "SET pgfence.epoch =",
-            "SET pgfence.epoch FROM CURRENT 5",
-            "SET pgfence.epoch FROM",
+            "SET pgfence.epoch = 1, 'a', +3",
             "SET pgfence.epoch = E'\\x35'",
             "SET pgfence.epoch = U&'5'",
+            "SET pgfence.epoch = U&'5', 6",
+        ] {
+            assert!(matches!(parse(sql, Lexing::default()), Some(Malformed { .. })), "{sql}");
+        }
+    }
+
+    /// Texts Postgres cannot parse are no declarations: Postgres refuses the whole text
+    /// with its own syntax error before any statement in it runs, pgfence lets it.
+    #[test]
+    fn syntax_errors_are_left_to_postgres() {
+        for sql in [
+            "SET pgfence.epoch",
+            "SET pgfence.epoch =",
+            "SET pgfence.epoch TO",
+            "SET pgfence.epoch 5",
+            "SET pgfence.epoch FROM CURRENT 5",
+            "SET pgfence.epoch FROM",
             "SET pgfence.epoch = 'open",
             "SET pgfence.epoch = '5' '0'",
             "SET pgfence.epoch = '5'\n'0",
             "SET pgfence.epoch = $$open",
             "SET pgfence.epoch = DEFAULT 1",
+            "SET pgfence.epoch = 7 8",
+            "SET pgfence.epoch = 1,",
+            "SET pgfence.epoch = 1, 2 3",
+            "SET pgfence.epoch = -'5'",
+            "SET pgfence.epoch = '5'::int",
+            "SET pgfence.epoch = b'1'",
+            "SET pgfence.epoch = X'1F'",
+            "SET pgfence.epoch = N'5'",
+            "SET pgfence.epoch = \"\"",
+            "SET pgfence.fence = user",
+            "SET pgfence.fence = Select",
+            "SET pgfence.fence = current_user",
             "RESET pgfence.epoch extra",
             "SET LOCAL pgfence.fence = 1 2",
         ] {
-            assert!(matches!(parse(sql, Lexing::default()), Some(Malformed { .. })), "{sql}");
+            assert_eq!(parse(sql, Lexing::default()), None, "{sql}");
         }
+        // `true`, `false` and `on` are reserved but values; other key words are values.
+        for word in ["true", "FALSE", "on", "nchar", "national", "local"] {
+            let sql = format!("SET pgfence.fence = {word}");
+            assert_eq!(
+                parse(&sql, Lexing::default()),
+                set(Fence, Session, Some(&word.to_ascii_lowercase())),
+                "{sql}"
+            );
+        }
+        assert!(RESERVED.is_sorted(), "binary search needs it sorted");
     }
 
     #[test]

@@ -130,6 +130,14 @@ pub fn close_statement(name: &str) -> Vec<u8> {
     message(b'C', &b)
 }
 
+/// Describe of prepared statement `name`.
+pub fn describe_statement(name: &str) -> Vec<u8> {
+    let mut b = vec![b'S'];
+    b.extend(name.as_bytes());
+    b.push(0);
+    message(b'D', &b)
+}
+
 /// Sync.
 pub fn sync() -> Vec<u8> {
     message(b'S', b"")

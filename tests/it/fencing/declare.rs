@@ -698,3 +698,62 @@ fn count_ends(mut bytes: &[u8]) -> usize {
     }
     n
 }
+
+/// A `SET` or `RESET` of a pgfence setting that Postgres cannot parse is Postgres' own
+/// syntax error, and nothing in its text runs, as directly (a COMMIT before it commits
+/// nothing); in the extended protocol its Parse fails. Every key word Postgres lists
+/// reads as a value, or not, as Postgres reads it.
+#[tokio::test]
+async fn a_declaration_postgres_cannot_parse_is_its_syntax_error() {
+    use crate::common::raw::{describe_statement, parse, sync};
+    let f = Fixture::at_epoch_two().await;
+    let unparsable = [
+        "SET pgfence.epoch = 7 8",
+        "SET pgfence.epoch =",
+        "SET LOCAL pgfence.epoch",
+        "RESET pgfence.epoch junk",
+        "SET pgfence.fence = 'a' 'b'",
+        "SET pgfence.epoch = b'1'",
+        "SET pgfence.fence = user",
+        "SET pgfence.epoch FROM CURRENT 1",
+    ];
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "2", &[]).await;
+        for bad in unparsable {
+            let text = format!("INSERT INTO audit (note) VALUES ('x'); COMMIT; {bad}; {WRITE}");
+            assert_eq!(codes(&s.simple(&text).await), ["42601"], "{port}: {bad}");
+            s.send(&[parse("s", bad), describe_statement("s"), sync()].concat())
+                .await;
+            assert_eq!(
+                codes(&s.read_until(|m| m.tag == b'Z').await),
+                ["42601"],
+                "{port}: {bad}"
+            );
+        }
+        assert_eq!(f.audit_rows().await, 0, "{port}");
+        assert_eq!(f.note().await.0, "init", "{port}");
+        assert_eq!(shown_epoch_raw(&mut s).await, "2", "{port}");
+    }
+    let words: Vec<String> = f
+        .admin
+        .query("SELECT word FROM pg_get_keywords()", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut through = f.raw(f.proxy.port(), "2", &[]).await;
+    let mut direct = f.raw(f.cluster.port(), "2", &[]).await;
+    for word in &words {
+        let sql = format!("SET pgfence.fence = {word}");
+        let got = codes(&through.simple(&sql).await);
+        assert_eq!(got, codes(&direct.simple(&sql).await), "{sql}");
+    }
+}
+
+async fn shown_epoch_raw(s: &mut Raw) -> String {
+    let msgs = s.simple("SHOW pgfence.epoch").await;
+    let row = msgs.iter().find(|m| m.tag == b'D').expect("a row");
+    // DataRow: column count (2), length (4), value.
+    String::from_utf8_lossy(&row.body[6..]).into_owned()
+}
