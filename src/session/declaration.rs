@@ -86,7 +86,10 @@ mod tests {
             Ok(Effect::FenceFromCurrent(Scope::Local))
         );
         // Postgres' syntax error, not a declaration.
-        assert_eq!(declare::parse("SET pgfence.epoch FROM CURRENT, 5", Lexing::default()), None);
+        assert_eq!(
+            declare::parse("SET pgfence.epoch FROM CURRENT, 5", Lexing::default()),
+            None
+        );
     }
 
     #[test]

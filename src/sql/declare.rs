@@ -13,7 +13,10 @@
 //! RESET pgfence.{epoch|fence}     RESET ALL     DISCARD ALL
 //! ```
 
-use super::lex::{Lexer, Lexing, Token, TokenKind, ident_value, plain_string_value, uescape_char, unicode_ident_value};
+use super::lex::{
+    Lexer, Lexing, Token, TokenKind, escaped_string_value, ident_value, plain_string_value, uescape_char,
+    unicode_ident_value, unicode_string_value,
+};
 
 /// Which pgfence setting a declaration is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -213,9 +216,26 @@ fn one_value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
         [sign, num] if (sign.is_punct(b'+') || sign.is_punct(b'-')) && num.kind == TokenKind::Number => {
             Value::Read(format!("{}{}", text(sign), text(num)))
         }
+        [t, uescape, c]
+            if matches!(t.kind, TokenKind::UnicodeString | TokenKind::UnicodeIdent)
+                && uescape.is_word(stmt, "uescape") =>
+        {
+            uescape_char(stmt, c).map_or(Value::Unsupported(UNICODE), |escape| unicode_value(stmt, t, escape))
+        }
         [t] => single_value(text(t), t, stmt, lexing),
         _ => Value::SyntaxError,
     }
+}
+
+const UNICODE: &str = "this Unicode escape in the value is not supported";
+
+/// A `U&'…'` string or `U&"…"` identifier with escape character `escape`.
+fn unicode_value(stmt: &str, t: &Token, escape: char) -> Value {
+    let v = match t.kind {
+        TokenKind::UnicodeString => unicode_string_value(stmt, t, escape),
+        _ => unicode_ident_value(stmt, t, escape),
+    };
+    v.map_or(Value::Unsupported(UNICODE), Value::Read)
 }
 
 /// Postgres' reserved key words (`pg_get_keywords()` with `catcode` R), which cannot be a
@@ -301,10 +321,6 @@ const RESERVED: [&str; 77] = [
 ];
 
 fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Value {
-    let read = |r: Result<String, &'static str>| match r {
-        Ok(v) => Value::Read(v),
-        Err(reason) => Value::Unsupported(reason),
-    };
     match t.kind {
         TokenKind::Number => Value::Read(raw.to_owned()),
         TokenKind::Word => {
@@ -331,7 +347,7 @@ fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Value {
                 .filter(|_| closed)
                 .map_or(Value::SyntaxError, |v| Value::Read(v.to_owned()))
         }
-        TokenKind::UnicodeString => read(Err("Unicode escape strings in the value are not supported")),
+        TokenKind::UnicodeString | TokenKind::UnicodeIdent => unicode_value(stmt, t, '\\'),
         // `B'…'`, `X'…'`, `N'…'`, parameters, operators.
         _ => Value::SyntaxError,
     }
@@ -343,12 +359,13 @@ fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Value {
 /// without one read the same either way, and a backslash in a comment between
 /// pieces is not part of the value.
 fn unquote(raw: &str, escapes: bool) -> Value {
-    const ESCAPES: &str = "backslash escapes in the value are not supported";
+    const ESCAPES: &str = "this backslash escape in the value is not supported";
+    let escaped = || escaped_string_value(raw).map_or(Value::Unsupported(ESCAPES), Value::Read);
     match plain_string_value(raw) {
-        Some(v) if escapes && v.contains('\\') => Value::Unsupported(ESCAPES),
+        Some(v) if escapes && v.contains('\\') => escaped(),
         Some(v) => Value::Read(v),
         // Read with backslashes taken literally, an escaped quote can end a piece early.
-        None if escapes && raw.contains('\\') => Value::Unsupported(ESCAPES),
+        None if escapes && raw.contains('\\') => escaped(),
         None => Value::SyntaxError,
     }
 }
@@ -449,8 +466,6 @@ mod tests {
         for sql in [
             "SET pgfence.epoch = 1, 2",
             "SET pgfence.epoch = 1, 'a', +3",
-            "SET pgfence.epoch = E'\\x35'",
-            "SET pgfence.epoch = U&'5'",
             "SET pgfence.epoch = U&'5', 6",
         ] {
             assert!(matches!(parse(sql, Lexing::default()), Some(Malformed { .. })), "{sql}");
@@ -503,35 +518,49 @@ mod tests {
     }
 
     #[test]
-    fn backslash_values_are_refused_without_standard_strings() {
+    fn backslash_escapes_are_read_as_postgres_reads_them() {
         let off = Lexing {
             standard_conforming_strings: false,
         };
-        for sql in [
-            r"SET pgfence.epoch = 'a\'b'",
-            r"SET pgfence.epoch = 'a\''",
-            "SET pgfence.epoch = E'\\\\'\n'5'",
+        let on = Lexing::default();
+        for (sql, lexing, want) in [
+            (r"SET pgfence.epoch = 'a\'b'", off, "a'b"),
+            (r"SET pgfence.epoch = 'a\''", off, "a'"),
+            (r"SET pgfence.epoch = '\65'", off, "5"),
+            (r"SET pgfence.epoch = '\65'", on, r"\65"),
+            (r"SET pgfence.epoch = E'\x31\x38'", on, "18"),
+            (r"SET pgfence.epoch = e'\61\062\063\0063'", on, "123\u{6}3"),
+            (r"SET pgfence.epoch = E'\u0037\U00000038\q\\'", on, r"78q\"),
+            (r"SET pgfence.epoch = E'\xg'", on, "xg"),
+            (r"SET pgfence.fence = E'a\tb'", on, "a\tb"),
+            (r"SET pgfence.epoch = U&'\0037'", on, "7"),
+            (r"SET pgfence.epoch = u&'!0031!+000038''' UESCAPE '!'", on, "18'"),
+            (r"SET pgfence.fence = U&'caf\00e9'", on, "café"),
+            (r"SET pgfence.fence = U&'\D83D\DE00'", on, "\u{1f600}"),
+            (r#"SET pgfence.fence = U&"s\0077eeper""#, on, "sweeper"),
+            (r#"SET pgfence.fence = U&"S#0077" UESCAPE '#'"#, on, "Sw"),
+            ("SET pgfence.epoch = '5' -- a\\b\n'0'", off, "50"),
         ] {
-            assert_eq!(
-                parse(sql, off),
-                Some(Malformed {
-                    setting: Epoch,
-                    reason: "backslash escapes in the value are not supported"
-                }),
-                "{sql}"
-            );
+            let setting = if sql.contains("fence =") { Fence } else { Epoch };
+            assert_eq!(parse(sql, lexing), set(setting, Session, Some(want)), "{sql}");
         }
-        assert_eq!(
-            parse("SET pgfence.epoch = '5' -- a\\b\n'0'", off),
-            set(Epoch, Session, Some("50"))
-        );
-        assert!(matches!(
-            parse(r"SET pgfence.epoch = '\65'", off),
-            Some(Malformed { .. })
-        ));
-        assert_eq!(
-            parse(r"SET pgfence.epoch = '\65'", Lexing::default()),
-            set(Epoch, Session, Some(r"\65"))
-        );
+        // What pgfence does not read is refused: continued escape strings, escapes that
+        // give bytes outside ASCII or 0, bad Unicode escapes and escape characters.
+        for sql in [
+            "SET pgfence.epoch = E'\\\\'\n'5'",
+            r"SET pgfence.epoch = E'\xe9'",
+            r"SET pgfence.epoch = E'\351'",
+            r"SET pgfence.epoch = E'\0'",
+            r"SET pgfence.epoch = E'\u00e9'",
+            r"SET pgfence.epoch = E'\u12'",
+            r"SET pgfence.epoch = E'\é'",
+            r"SET pgfence.epoch = U&'\0000'",
+            r"SET pgfence.epoch = U&'\D83D'",
+            r"SET pgfence.epoch = U&'\zzzz'",
+            r"SET pgfence.epoch = U&'7' UESCAPE 'ab'",
+            "SET pgfence.epoch = U&'7'\n'8'",
+        ] {
+            assert!(matches!(parse(sql, on), Some(Malformed { .. })), "{sql}");
+        }
     }
 }

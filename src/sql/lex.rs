@@ -126,6 +126,32 @@ pub fn unicode_ident_value(sql: &str, token: &Token, escape: char) -> Option<Str
     }
     let text = sql.get(token.span.clone())?;
     let inner = text.get(3..)?.strip_suffix('"')?.replace("\"\"", "\"");
+    let mut out = unicode_unescape(&inner, escape)?;
+    if out.is_empty() {
+        return None;
+    }
+    truncate_ident(&mut out);
+    Some(out)
+}
+
+/// The text a `U&'…'` string token denotes, decoded as [`unicode_ident_value`] decodes
+/// (`''` is a quote; it may be empty and is not truncated). `None` where Postgres raises
+/// an error, and for a string continued over a newline, which this does not read.
+pub fn unicode_string_value(sql: &str, token: &Token, escape: char) -> Option<String> {
+    if token.kind != TokenKind::UnicodeString {
+        return None;
+    }
+    let inner = sql.get(token.span.clone())?.get(3..)?.strip_suffix('\'')?;
+    let unquoted = inner.replace("''", "");
+    if unquoted.contains('\'') {
+        return None;
+    }
+    unicode_unescape(&inner.replace("''", "'"), escape)
+}
+
+/// `<escape><escape>` is the escape character, `<escape>XXXX` and `<escape>+XXXXXX` code
+/// points in hex (UTF-16 surrogate pairs combine). `None` for a bad escape or code point 0.
+fn unicode_unescape(inner: &str, escape: char) -> Option<String> {
     let mut out = String::with_capacity(inner.len());
     let mut chars = inner.chars().peekable();
     let mut high: Option<u32> = None;
@@ -151,10 +177,64 @@ pub fn unicode_ident_value(sql: &str, token: &Token, escape: char) -> Option<Str
             _ => return None,
         }
     }
-    if high.is_some() || out.is_empty() {
+    if high.is_some() {
         return None;
     }
-    truncate_ident(&mut out);
+    Some(out)
+}
+
+/// The text of a one-piece string read with backslash escapes (`E'…'`, or `'…'` with
+/// `standard_conforming_strings` off); `raw` starts at its opening quote. `\b \f \n \r
+/// \t`, octal `\o`…`\ooo`, hex `\xh`/`\xhh`, `\uXXXX` and `\UXXXXXXXX` are decoded, any
+/// other escaped character is itself. `None` for a continued string, and where an escape
+/// gives anything but ASCII (its bytes would depend on the server's encoding) or a byte 0.
+pub fn escaped_string_value(raw: &str) -> Option<String> {
+    let inner = raw.strip_prefix('\'')?.strip_suffix('\'')?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars().peekable();
+    let digits = |chars: &mut std::iter::Peekable<std::str::Chars>, radix: u32, max: usize, first: u32| {
+        let mut v = first;
+        for _ in 0..max {
+            match chars.peek().and_then(|c| c.to_digit(radix)) {
+                Some(d) => {
+                    v = v * radix + d;
+                    chars.next();
+                }
+                None => break,
+            }
+        }
+        v
+    };
+    while let Some(c) = chars.next() {
+        let decoded = match c {
+            // A lone quote ends a piece: the string is continued.
+            '\'' => chars.next_if_eq(&'\'').map(|_| 0x27)?,
+            '\\' => match chars.next()? {
+                'b' => 0x08,
+                'f' => 0x0c,
+                'n' => 0x0a,
+                'r' => 0x0d,
+                't' => 0x09,
+                d @ '0'..='7' => digits(&mut chars, 8, 2, d.to_digit(8)?),
+                'x' if chars.peek().is_some_and(char::is_ascii_hexdigit) => digits(&mut chars, 16, 2, 0),
+                u @ ('u' | 'U') => {
+                    let n = if u == 'u' { 4 } else { 8 };
+                    let mut v = 0u32;
+                    for _ in 0..n {
+                        v = v.checked_mul(16)? + chars.next()?.to_digit(16)?;
+                    }
+                    v
+                }
+                other => u32::from(other),
+            },
+            other => u32::from(other),
+        };
+        // Plain characters pass as they are; escapes must give ASCII.
+        match char::from_u32(decoded) {
+            Some(ch) if ch == c || (ch.is_ascii() && decoded != 0) => out.push(ch),
+            _ => return None,
+        }
+    }
     Some(out)
 }
 

@@ -757,3 +757,34 @@ async fn shown_epoch_raw(s: &mut Raw) -> String {
     // DataRow: column count (2), length (4), value.
     String::from_utf8_lossy(&row.body[6..]).into_owned()
 }
+
+/// Values spelled with escapes (`E'…'`, `U&'…'` with or without `UESCAPE`, `U&"…"`, and
+/// backslashes with standard_conforming_strings off) declare what Postgres reads them
+/// as: the write runs at the epoch `SHOW` gives.
+#[tokio::test]
+async fn escaped_values_declare_what_postgres_reads() {
+    let f = Fixture::at_epoch_two().await;
+    // (standard_conforming_strings, the SET)
+    for (scs, set) in [
+        ("on", r"SET pgfence.epoch = E'\x32'"),
+        ("on", r"SET pgfence.epoch = e'\062'"),
+        ("on", r"SET pgfence.epoch = E'\u0032'"),
+        ("on", r"SET pgfence.epoch = U&'\0032'"),
+        ("on", r"SET pgfence.epoch = U&'!+000032' UESCAPE '!'"),
+        ("on", r#"SET pgfence.epoch = U&"\0032""#),
+        ("off", r"SET pgfence.epoch = '\62'"),
+    ] {
+        let s = f.session("-c pgfence.epoch=1").await;
+        s.batch_execute(&format!("SET standard_conforming_strings = {scs}"))
+            .await
+            .unwrap();
+        s.batch_execute(set).await.unwrap();
+        assert_eq!(shown_epoch(&s).await, "2", "{set}");
+        s.execute(WRITE, &[]).await.unwrap_or_else(|e| panic!("{set}: {e}"));
+    }
+    // And a stale one the same way is refused.
+    let s = f.session("-c pgfence.epoch=2").await;
+    s.batch_execute(r"SET pgfence.epoch = U&'\0031'").await.unwrap();
+    assert_eq!(shown_epoch(&s).await, "1");
+    assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
+}
