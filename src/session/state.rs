@@ -575,9 +575,22 @@ impl Shared {
             return Verdict::Forward;
         }
         if matches!(tag, b'N' | b'A') {
-            // A notice while pgfence's own Query runs is that Query's (a LOG of its text
-            // under log_statement with client_min_messages = log): unseen, as its replies.
-            if tag == b'N' && matches!(self.pending.front(), Some(Unit::OwnQuery(_))) {
+            // A notice while pgfence's own Query or injected message runs is its (a LOG of
+            // its text under log_statement with client_min_messages = log, a DEBUG line of
+            // its Bind): unseen, as its replies. Not once an error made Postgres skip
+            // messages: the one running then is not at the front.
+            let injected = !self.skipping
+                && matches!(
+                    self.pending.front(),
+                    Some(
+                        Unit::OwnQuery(_)
+                            | Unit::Parse(Some(_), ..)
+                            | Unit::Bind(Some(_), ..)
+                            | Unit::Execute(Some(_), _)
+                            | Unit::Close(Some(_), _)
+                    )
+                );
+            if tag == b'N' && injected {
                 return Verdict::Swallow;
             }
             return Verdict::Forward;

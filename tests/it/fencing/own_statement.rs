@@ -342,3 +342,38 @@ async fn without_the_schema_the_guard_is_prepared_once_per_session() {
         .count();
     assert_eq!(tried, 1, "{log}");
 }
+
+/// The notices of pgfence's own messages stay unseen, as their replies do: with
+/// `client_min_messages = debug2` a guarded extended-protocol write (the guard prepared,
+/// bound and run first) shows the client exactly the notices it shows directly.
+#[tokio::test]
+async fn the_notices_of_the_guard_messages_are_not_seen() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let notices = |msgs: &[crate::common::raw::Msg]| -> Vec<String> {
+        msgs.iter()
+            .filter(|m| m.tag == b'N')
+            .filter_map(|m| m.field(b'M'))
+            .collect()
+    };
+    let mut seen = Vec::new();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut raw = f.raw(port, "1", &[("client_min_messages", "debug2")]).await;
+        let mut got = Vec::new();
+        // The first write prepares the guard; the second runs the prepared one.
+        for _ in 0..2 {
+            raw.send(&[parse("", WRITE), bind("", "", &[]), execute(""), sync()].concat())
+                .await;
+            let msgs = raw.read_until(|m| m.tag == b'Z').await;
+            assert_eq!(
+                codes(&msgs).iter().filter(|c| !c.starts_with('0')).count(),
+                0,
+                "{msgs:?}"
+            );
+            got.extend(notices(&msgs));
+        }
+        assert!(!got.is_empty(), "debug2 shows the client's own Parse and Bind");
+        seen.push(got);
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert!(f.hwm().await >= 1);
+}
