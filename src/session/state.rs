@@ -1177,15 +1177,22 @@ impl Shared {
     /// Sync reaches it, what the client sends gets no reply, and units for it would
     /// wait for one (a client that never sends that Sync would grow them without bound).
     pub fn drop_skipped(&mut self) {
+        // The unit just dropped was the Close pgfence sends before preparing one of its
+        // statements again (it never fails, so it is skipped with the Parse after it).
+        let mut closed_before = false;
         while self.skipping {
+            let close = matches!(self.pending.front(), Some(Unit::Close(Some(Injected::Plumbing), None)));
             match self.pending.front() {
                 Some(Unit::Sync { .. }) => break,
                 None => {
                     self.release_pending();
                     break;
                 }
+                // Skipped with the Close before it, the statement is as it was before
+                // them: prepared by an earlier batch, maybe. Without one, it was not.
                 Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) => {
-                    self.own.insert(*s, Prepared::No);
+                    let state = if closed_before { Prepared::Unknown } else { Prepared::No };
+                    self.own.insert(*s, state);
                     self.pending.pop_front();
                 }
                 Some(_) => match self.pending.pop_front() {
@@ -1203,6 +1210,7 @@ impl Shared {
                     _ => {}
                 },
             }
+            closed_before = close;
         }
     }
 

@@ -377,3 +377,25 @@ async fn the_notices_of_the_guard_messages_are_not_seen() {
     assert_eq!(seen[0], seen[1]);
     assert!(f.hwm().await >= 1);
 }
+
+/// The session's first guarded write, then in the same send a batch where an error makes
+/// Postgres skip the guard's second preparation: the guard statement from the first batch
+/// is still there, and the next write neither fails with 42P05 nor goes unguarded.
+#[tokio::test]
+async fn a_skipped_second_preparation_of_the_guard_leaves_the_first() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let write = || [parse("", WRITE), bind("", "", &[]), execute(""), sync()].concat();
+    let failing = [parse("", "SELECT 1/0"), bind("", "", &[]), execute("")].concat();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut raw = f.raw(port, "1", &[]).await;
+        raw.send(&[write(), failing.clone(), write()].concat()).await;
+        assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), Vec::<String>::new());
+        assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), ["22012"]);
+        assert_eq!(raw_write(&mut raw).await, Vec::<String>::new(), "port {port}");
+        // Still guarded: a newer epoch makes epoch 1 stale (the control, after pgfence's
+        // turn, writes at any epoch).
+        f.leader(2).await.execute(WRITE, &[]).await.unwrap();
+        let expected: &[&str] = if port == f.proxy.port() { &["PF001"] } else { &[] };
+        assert_eq!(raw_write(&mut raw).await, expected, "port {port}");
+    }
+}
