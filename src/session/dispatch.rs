@@ -98,6 +98,9 @@ pub struct Dispatcher {
     /// transaction, and the declarations made in it are kept at its end (unless it fails).
     /// False where a `BEGIN` may have opened a block, until a `COMMIT` or `ROLLBACK`.
     outside_block: bool,
+    /// Postgres said the transaction block failed, and no end of it was sent since: its
+    /// `COMMIT` rolls back.
+    block_failed: bool,
     /// Syncs and Queries sent so far (batch numbers).
     pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
@@ -172,6 +175,7 @@ impl Dispatcher {
             maybe_in_block: false,
             begin_statements: std::collections::HashSet::new(),
             outside_block: true,
+            block_failed: false,
             sent: 0,
             batch: 0,
             dealloc_until: 0,
@@ -190,6 +194,7 @@ impl Dispatcher {
         if shared.pending.is_empty() {
             self.maybe_in_block = shared.tx_status != b'I';
             self.outside_block = shared.tx_status == b'I';
+            self.block_failed = shared.tx_status == b'E';
             self.speculative = shared.declared.clone();
         }
         self.scs = shared.reported.standard_conforming_strings;
@@ -394,6 +399,8 @@ impl Dispatcher {
     fn note_effects(&mut self, shared: &mut Shared, kind: &StmtKind, batch: u64, answered_at: u64) -> Option<Effect> {
         self.speculate_end(kind);
         if let StmtKind::Savepoint(op) = kind {
+            // A rollback to a savepoint brings a failed block back.
+            self.block_failed &= !matches!(op, crate::sql::classify::SavepointOp::RollbackTo(_));
             let effect = Effect::Savepoint(op.clone());
             self.speculate(&effect);
             return Some(effect);
@@ -1340,7 +1347,8 @@ impl Dispatcher {
     /// answer settles it once nothing is in flight, see `resync`).
     fn speculate_end(&mut self, kind: &StmtKind) {
         if let StmtKind::EndTransaction { commit, chain } = kind {
-            self.speculative.end_transaction(*commit);
+            let failed = std::mem::take(&mut self.block_failed);
+            self.speculative.end_transaction(*commit && !failed);
             self.outside_block = !chain;
         }
     }

@@ -788,3 +788,36 @@ async fn escaped_values_declare_what_postgres_reads() {
     assert_eq!(shown_epoch(&s).await, "1");
     assert_eq!(code(&s.execute(WRITE, &[]).await), "PF001");
 }
+
+/// A `COMMIT` of a transaction block Postgres already said failed rolls it back, and with
+/// it a `SET` made in it: a write sent with that `COMMIT`, before its answer, runs at the
+/// epoch declared before the block (stale here), in both protocols and for each spelling.
+/// Directly, nothing refuses it (the control).
+#[tokio::test]
+async fn a_commit_of_a_failed_block_undoes_its_declarations_for_what_follows() {
+    use crate::common::raw::{bind, execute, parse, query, sync};
+    let f = Fixture::at_epoch_two().await;
+    let ext = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    for commit in ["COMMIT", "END", "COMMIT AND CHAIN"] {
+        let pipelines = [
+            [query(commit), query(WRITE)].concat(),
+            [ext(commit), ext(WRITE), sync()].concat(),
+        ];
+        for pipeline in pipelines {
+            for port in [f.proxy.port(), f.cluster.port()] {
+                let mut s = f.raw(port, "1", &[]).await;
+                for sql in ["BEGIN", "SET pgfence.epoch = 2"] {
+                    assert_eq!(codes(&s.simple(sql).await), Vec::<String>::new());
+                }
+                assert_eq!(codes(&s.simple("SELECT 1/0").await), ["22012"]);
+                s.send(&pipeline).await;
+                let mut got = Vec::new();
+                for _ in 0..count_ends(&pipeline) {
+                    got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+                }
+                let expected: &[&str] = if port == f.proxy.port() { &["PF001"] } else { &[] };
+                assert_eq!(got, expected, "{commit}, port {port}");
+            }
+        }
+    }
+}
