@@ -216,7 +216,14 @@ impl Effect {
                 let v = declared.fence.current().cloned();
                 declared.fence.set(scope, v);
             }
-            Effect::ResetAll | Effect::DiscardAll(_) => declared.reset_all(),
+            Effect::ResetAll => declared.reset_all(),
+            // DISCARD ALL cannot run in a transaction block, and Postgres commits the
+            // implicit transaction it ran in at once (in the extended protocol, before the
+            // Sync, so also when a BEGIN follows it there): its reset is kept either way.
+            Effect::DiscardAll(_) => {
+                declared.reset_all();
+                declared.end_transaction(true);
+            }
             Effect::Savepoint(op) => declared.savepoint(&op),
             Effect::Prepared(_) | Effect::Deallocated(_) | Effect::DeallocatedAll(_) | Effect::PortalsGone { .. } => {}
         }

@@ -821,3 +821,25 @@ async fn a_commit_of_a_failed_block_undoes_its_declarations_for_what_follows() {
         }
     }
 }
+
+/// `DISCARD ALL` commits the implicit transaction it runs in at once (it cannot run in a
+/// block), so its reset outlives a block that a `BEGIN` after it, before the Sync, opens and
+/// that then rolls back: the stale startup epoch is back, and the write is refused.
+/// Directly it lands (the control).
+#[tokio::test]
+async fn a_discard_all_is_kept_when_a_block_after_it_rolls_back() {
+    use crate::common::raw::{bind, execute, parse, sync};
+    let f = Fixture::at_epoch_two().await;
+    let ext = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[]).await;
+        assert_eq!(codes(&s.simple("SET pgfence.epoch = 2").await), Vec::<String>::new());
+        s.send(&[ext("DISCARD ALL"), ext("BEGIN"), sync()].concat()).await;
+        assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), Vec::<String>::new());
+        assert_eq!(codes(&s.simple("SELECT 1/0").await), ["22012"]);
+        assert_eq!(codes(&s.simple("ROLLBACK").await), Vec::<String>::new());
+        assert_eq!(shown_epoch_raw(&mut s).await, "1");
+        let expected: &[&str] = if port == f.proxy.port() { &["PF001"] } else { &[] };
+        assert_eq!(codes(&s.simple(WRITE).await), expected, "port {port}");
+    }
+}
