@@ -330,7 +330,8 @@ fn normalise_column(c: &str) -> Option<String> {
     let ok = !c.is_empty()
         && !c.starts_with(|ch: char| ch.is_ascii_digit())
         && c.chars().all(|ch| ch.is_alphanumeric() || ch == '_');
-    ok.then(|| c.to_lowercase())
+    // Postgres folds only ASCII letters of an unquoted name.
+    ok.then(|| c.to_ascii_lowercase())
 }
 
 fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
@@ -497,6 +498,13 @@ mod tests {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(expect), "{text:?} gave {err:?}");
         }
+    }
+
+    #[test]
+    fn unquoted_epoch_columns_fold_ascii_letters_only() {
+        assert_eq!(normalise_column("Last_Epoch").as_deref(), Some("last_epoch"));
+        assert_eq!(normalise_column("Époch").as_deref(), Some("Époch"));
+        assert_eq!(normalise_column("\"Époch\"").as_deref(), Some("Époch"));
     }
 
     #[test]

@@ -323,3 +323,37 @@ async fn rewrite_of_insert_from_a_query_keeps_postgres_column_count_check() {
         .collect();
     assert_eq!(epochs, [5, 5]);
 }
+
+/// Epoch columns and tables whose names are key words (quoted in the config, as in the
+/// schema) or have non-ASCII letters (unquoted: Postgres folds only ASCII) are written as
+/// Postgres reads them: every rewritten form runs and carries the epoch.
+#[tokio::test]
+async fn rewrite_of_tables_and_epoch_columns_named_like_key_words() {
+    let toml = "[[fence]]\nname = \"kw\"\ntables = ['public.\"order\"', 'public.Ünï']\nmode = \"rewrite\"\n\
+                epoch_column = 'Époch'\n";
+    let f = crate::fencing::Fixture::with(Cluster::shared(), toml).await;
+    f.admin
+        .batch_execute(
+            "CREATE TABLE \"order\" (id int PRIMARY KEY, a int, Époch bigint); \
+             CREATE TABLE Ünï (id int PRIMARY KEY, a int, Époch bigint)",
+        )
+        .await
+        .unwrap();
+    let a = f.leader(4).await;
+    for t in ["\"order\"", "Ünï"] {
+        for sql in [
+            format!("INSERT INTO {t} (id, a) VALUES (1, 1)"),
+            format!("INSERT INTO {t} (id, a) VALUES (1, 2) ON CONFLICT (id) DO UPDATE SET a = excluded.a"),
+            format!("UPDATE {t} SET a = 3 WHERE id = 1"),
+        ] {
+            a.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        let row = f
+            .admin
+            .query_one(&format!("SELECT a, Époch FROM {t} WHERE id = 1"), &[])
+            .await
+            .unwrap();
+        assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (3, 4), "{t}");
+        a.batch_execute(&format!("DELETE FROM {t} WHERE id = 1")).await.unwrap();
+    }
+}
