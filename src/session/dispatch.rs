@@ -215,8 +215,8 @@ impl Dispatcher {
         text
     }
 
-    /// [`Self::on_query`], saying also whether the text sent is sure to fail as a whole
-    /// (it was replaced by a refusal).
+    /// [`Self::on_query`], saying also whether the text sent is sure to fail: pgfence
+    /// replaced it, or one of its statements, by a refusal.
     fn query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> (Option<String>, bool) {
         self.prepare_ahead(shared);
         self.sent += 1;

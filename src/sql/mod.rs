@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod classify;
 pub mod declare;
+pub mod keywords;
 pub mod lex;
 pub mod name;
 pub mod rewrite;

@@ -71,111 +71,6 @@ impl fmt::Display for TableName {
     }
 }
 
-/// Postgres' key words that cannot name a column or table unquoted (`pg_get_keywords()`
-/// with `catcode` R or T). Sorted.
-const NOT_PLAIN: [&str; 100] = [
-    "all",
-    "analyse",
-    "analyze",
-    "and",
-    "any",
-    "array",
-    "as",
-    "asc",
-    "asymmetric",
-    "authorization",
-    "binary",
-    "both",
-    "case",
-    "cast",
-    "check",
-    "collate",
-    "collation",
-    "column",
-    "concurrently",
-    "constraint",
-    "create",
-    "cross",
-    "current_catalog",
-    "current_date",
-    "current_role",
-    "current_schema",
-    "current_time",
-    "current_timestamp",
-    "current_user",
-    "default",
-    "deferrable",
-    "desc",
-    "distinct",
-    "do",
-    "else",
-    "end",
-    "except",
-    "false",
-    "fetch",
-    "for",
-    "foreign",
-    "freeze",
-    "from",
-    "full",
-    "grant",
-    "group",
-    "having",
-    "ilike",
-    "in",
-    "initially",
-    "inner",
-    "intersect",
-    "into",
-    "is",
-    "isnull",
-    "join",
-    "lateral",
-    "leading",
-    "left",
-    "like",
-    "limit",
-    "localtime",
-    "localtimestamp",
-    "natural",
-    "not",
-    "notnull",
-    "null",
-    "offset",
-    "on",
-    "only",
-    "or",
-    "order",
-    "outer",
-    "overlaps",
-    "placing",
-    "primary",
-    "references",
-    "returning",
-    "right",
-    "select",
-    "session_user",
-    "similar",
-    "some",
-    "symmetric",
-    "table",
-    "tablesample",
-    "then",
-    "to",
-    "trailing",
-    "true",
-    "union",
-    "unique",
-    "user",
-    "using",
-    "variadic",
-    "verbose",
-    "when",
-    "where",
-    "window",
-    "with",
-];
-
 /// Writes an identifier, quoted only when Postgres would need the quotes.
 fn write_ident(f: &mut fmt::Formatter<'_>, ident: &str) -> fmt::Result {
     let plain = !ident.is_empty()
@@ -183,7 +78,7 @@ fn write_ident(f: &mut fmt::Formatter<'_>, ident: &str) -> fmt::Result {
         && ident
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '$')
-        && NOT_PLAIN.binary_search(&ident).is_err();
+        && super::keywords::category(ident).is_none();
     if plain {
         f.write_str(ident)
     } else {
@@ -284,6 +179,5 @@ mod tests {
         assert_eq!(TableName::new(Some("user"), "order").to_string(), "\"user\".\"order\"");
         assert_eq!(TableName::new(None, "left").to_string(), "\"left\"");
         assert_eq!(TableName::new(None, "name").to_string(), "name");
-        assert!(NOT_PLAIN.is_sorted(), "binary search needs it sorted");
     }
 }

@@ -734,14 +734,25 @@ async fn a_declaration_postgres_cannot_parse_is_its_syntax_error() {
         assert_eq!(f.note().await.0, "init", "{port}");
         assert_eq!(shown_epoch_raw(&mut s).await, "2", "{port}");
     }
-    let words: Vec<String> = f
+    let keywords: Vec<(String, String)> = f
         .admin
-        .query("SELECT word FROM pg_get_keywords()", &[])
+        .query("SELECT word, catcode::text FROM pg_get_keywords()", &[])
         .await
         .unwrap()
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
+    // pgfence's table of the restricted ones is the server's.
+    for (word, catcode) in &keywords {
+        use pgfence::sql::keywords::{Category, category};
+        let expected = match catcode.as_str() {
+            "R" => Some(Category::Reserved),
+            "T" => Some(Category::TypeFunction),
+            _ => None,
+        };
+        assert_eq!(category(word), expected, "{word}");
+    }
+    let words: Vec<&String> = keywords.iter().map(|(w, _)| w).collect();
     let mut through = f.raw(f.proxy.port(), "2", &[]).await;
     let mut direct = f.raw(f.cluster.port(), "2", &[]).await;
     for word in &words {
