@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -63,6 +63,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 7,
         name: "0007_reject_current_epoch",
         sql: include_str!("sql/0007_reject_current_epoch.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "0008_registered_lease",
+        sql: include_str!("sql/0008_registered_lease.sql"),
     },
 ];
 

@@ -324,3 +324,36 @@ async fn init_and_the_guard_work_in_a_latin1_database() {
 async fn write_directly(cluster: &Cluster, db: &str) -> u64 {
     connect(cluster.port(), db, "").await.execute(WRITE, &[]).await.unwrap()
 }
+
+/// Every role may call the guard (pgfence's sessions run it as the application's role), so a
+/// direct call must stay within what the fence allows: a role with no rights at all, calling
+/// it without naming the lease table, cannot lift a leased fence's HWM past the lease (to the
+/// largest bigint, say, after which no takeover could ever succeed). The leader's writes and
+/// the next takeover go on as before.
+#[tokio::test]
+async fn a_direct_guard_call_cannot_lift_a_leased_fence_past_its_lease() {
+    use crate::common::pg::{config, connect_config};
+    let f = Fixture::at_epoch_two().await;
+    let role = format!("nobody_{}", f.db);
+    f.admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .await
+        .unwrap();
+    let mut as_nobody = config(f.cluster.port(), &f.db);
+    as_nobody.user(&role);
+    let nobody = connect_config(&as_nobody).await.unwrap();
+    for epoch in [i64::MAX, 5000, 3] {
+        for call in [
+            "SELECT pgfence.guard('sweeper', $1, NULL, true)",
+            "SELECT pgfence.guard_slow('sweeper', $1, NULL, true)",
+            "SELECT pgfence.guard_full('sweeper', $1, NULL, true)",
+        ] {
+            let refused = nobody.execute(call, &[&epoch]).await;
+            assert_eq!(code(&refused), "PF003", "{call} at {epoch}");
+        }
+    }
+    assert_eq!(f.hwm().await, 2);
+    f.leader(2).await.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(f.takeover("c").await, 3);
+    drop(nobody);
+}
