@@ -252,6 +252,11 @@ impl RawConfig {
             .map(RawFence::validate)
             .collect::<Result<Vec<_>, _>>()?;
         check_fences(&fences)?;
+        if let Some(url) = &self.database_url {
+            // Checked here, not first by `init`: `check-config` is where a config is vetted.
+            url.parse::<tokio_postgres::Config>()
+                .map_err(|e| ConfigError::Invalid(format!("invalid database_url: {e}")))?;
+        }
         let workers = self.workers.unwrap_or(1);
         if workers > 1024 {
             return Err(ConfigError::Invalid(
@@ -498,6 +503,15 @@ mod tests {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(expect), "{text:?} gave {err:?}");
         }
+    }
+
+    #[test]
+    fn a_database_url_that_does_not_parse_is_refused() {
+        let bad = RawConfig::from_toml("database_url = \"not a url at all ::\"\n").unwrap();
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("invalid database_url"), "{err}");
+        let good = RawConfig::from_toml("database_url = \"postgres://app@127.0.0.1:5432/app\"\n").unwrap();
+        assert!(good.validate().is_ok());
     }
 
     #[test]

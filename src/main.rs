@@ -66,6 +66,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: not in log files, pipes or journals.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
         .init();
     // `serve` reads its config first: the number of threads comes from it.
     let (command, workers) = match cli.command {

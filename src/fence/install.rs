@@ -107,7 +107,8 @@ pub enum InstallError {
         /// [`SCHEMA_VERSION`].
         known: i32,
     },
-    /// The lease table exists but does not have the shape the lease trigger needs.
+    /// The lease table is missing from the one database of its fence, or does not have the
+    /// shape the lease trigger needs.
     #[error("fence {fence:?}: lease table {table} {problem}")]
     LeaseTable {
         /// The fence.
@@ -226,6 +227,15 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
 
 async fn register_lease(tx: &Transaction<'_>, fence: &Fence, lease: &Lease) -> Result<LeaseStatus, InstallError> {
     let Some(oid) = relation_oid(tx, &lease.table).await? else {
+        // A fence of this one database cannot work without its lease table here: every
+        // write would fail with PF005. One for any database has it in one of them.
+        if fence.database.is_some() {
+            return Err(InstallError::LeaseTable {
+                fence: fence.name.clone(),
+                table: lease.table.clone(),
+                problem: "does not exist in the fence's database: create it, then run init again".into(),
+            });
+        }
         return Ok(LeaseStatus::TableNotHere {
             table: lease.table.clone(),
         });

@@ -225,7 +225,9 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
             super::tune(&s);
             Ok(s)
         }
-        Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(e.kind().to_string())),
+        // The error itself, not its kind: "uncategorized error" says nothing of an unknown
+        // host name or a file descriptor limit.
+        Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(e.to_string())),
         Err(_) => Err(ProxyError::UpstreamUnreachable("timed out".into())),
     }
 }

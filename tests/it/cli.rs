@@ -105,6 +105,8 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
         text.contains("WARN") && text.contains("epoch_column is read only with mode"),
         "{text}"
     );
+    // Written to a pipe, not a terminal: no colour codes in it.
+    assert!(!text.contains('\u{1b}'), "{text:?}");
     // A port another process holds is `serve`'s to report (it may be an older pgfence that
     // is about to stop).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -242,4 +244,31 @@ async fn init_uses_pgpassword_when_the_url_has_no_password() {
     .unwrap();
     assert!(!out.status.success());
     assert_eq!(server.await.unwrap(), "s3cret\0");
+}
+
+/// A fence of one database whose lease table is not there cannot work (its writes would
+/// fail with PF005): `init --config` says so and fails, rather than report success. A fence
+/// for any database only skips the databases without its lease table.
+#[tokio::test]
+async fn init_refuses_a_fence_of_this_database_without_its_lease_table() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
+    let fence = |database: &str| {
+        write_config(&format!(
+            "[[fence]]\nname = \"f\"\n{database}tables = [\"t\"]\n[fence.lease]\ntable = \"public.leader_lease\"\n"
+        ))
+    };
+    let (ok, text) = pgfence_async(&[
+        "init",
+        "--database-url",
+        &url,
+        "--config",
+        &fence(&format!("database = \"{db}\"\n")),
+    ])
+    .await;
+    assert!(!ok, "{text}");
+    assert!(text.contains("does not exist in the fence's database"), "{text}");
+    let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &fence("")]).await;
+    assert!(ok && text.contains("not in this database"), "{text}");
 }

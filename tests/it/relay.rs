@@ -195,6 +195,8 @@ async fn unreachable_upstream_gets_08001_not_a_hang() {
     let db = err.as_db_error().expect("an ErrorResponse from pgfence");
     assert_eq!(db.code().code(), "08001");
     assert!(db.message().contains("pgfence"), "{}", db.message());
+    // The cause, as the system gives it.
+    assert!(db.message().to_lowercase().contains("refused"), "{}", db.message());
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
