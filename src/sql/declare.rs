@@ -91,7 +91,11 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
         if word(1, "all") && toks.len() == 2 {
             return Some(Declaration::ResetAll);
         }
-        let (setting, next) = setting_name(stmt, &toks, 1)?;
+        let (setting, next) = match setting_name(stmt, &toks, 1) {
+            Name::Ours(setting, next) => (setting, next),
+            Name::Other => return None,
+            Name::Unreadable => return Some(unreadable_name()),
+        };
         if next != toks.len() {
             return None; // a syntax error
         }
@@ -111,7 +115,11 @@ pub fn parse(stmt: &str, lexing: Lexing) -> Option<Declaration> {
     } else {
         (Scope::Session, 1)
     };
-    let (setting, next) = setting_name(stmt, &toks, at)?;
+    let (setting, next) = match setting_name(stmt, &toks, at) {
+        Name::Ours(setting, next) => (setting, next),
+        Name::Other => return None,
+        Name::Unreadable => return Some(unreadable_name()),
+    };
     let malformed = |reason| Some(Declaration::Malformed { setting, reason });
     if word(next, "from") && word(next + 1, "current") {
         return (next + 2 == toks.len()).then_some(Declaration::FromCurrent { setting, scope });
@@ -156,41 +164,78 @@ enum Value {
     SyntaxError,
 }
 
-/// Reads the setting name at `toks[at..]`; returns the setting and the index after the
-/// name. `None` if it is another setting. As in Postgres, the name is its identifiers
+/// A setting name as pgfence reads it.
+enum Name {
+    /// `pgfence.epoch` or `pgfence.fence`; the index after the name.
+    Ours(Setting, usize),
+    /// Another setting's.
+    Other,
+    /// A `U&"…"` part pgfence cannot decode (its `UESCAPE` string is one pgfence does not
+    /// read), which may spell one of pgfence's.
+    Unreadable,
+}
+
+/// A `SET` or `RESET` whose name may be pgfence's: refused rather than let through.
+fn unreadable_name() -> Declaration {
+    Declaration::Malformed {
+        setting: Setting::Epoch,
+        reason: "the setting's name has a Unicode escape pgfence does not read",
+    }
+}
+
+/// Reads the setting name at `toks[at..]`. As in Postgres, the name is its identifiers
 /// joined with dots, each folded to lower case unless quoted, and matched without regard
 /// to case: `pgfence.epoch`, `"pgfence"."epoch"`, `"pgfence.epoch"` and `PgFence."EPOCH"`
 /// all name the same setting, `pgfence.epoch.x` another one.
-fn setting_name(stmt: &str, toks: &[Token], at: usize) -> Option<(Setting, usize)> {
-    let (mut name, mut next) = name_part(stmt, toks, at)?;
+fn setting_name(stmt: &str, toks: &[Token], at: usize) -> Name {
+    let part = |i| match name_part(stmt, toks, i) {
+        Some(Ok(p)) => Ok(p),
+        Some(Err(())) => Err(Name::Unreadable),
+        None => Err(Name::Other),
+    };
+    let (mut name, mut next) = match part(at) {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
     while toks.get(next).is_some_and(|t| t.is_punct(b'.')) {
-        let (part, after) = name_part(stmt, toks, next + 1)?;
+        let (p, after) = match part(next + 1) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         name.push('.');
-        name.push_str(&part);
+        name.push_str(&p);
         next = after;
     }
-    let setting = if name.eq_ignore_ascii_case("pgfence.epoch") {
-        Setting::Epoch
+    if name.eq_ignore_ascii_case("pgfence.epoch") {
+        Name::Ours(Setting::Epoch, next)
     } else if name.eq_ignore_ascii_case("pgfence.fence") {
-        Setting::Fence
+        Name::Ours(Setting::Fence, next)
     } else {
-        return None;
-    };
-    Some((setting, next))
+        Name::Other
+    }
 }
 
 /// One identifier of a setting name at `toks[i]`, also `U&"…"` with its optional
-/// `UESCAPE 'c'`; returns it and the index after it.
-fn name_part(stmt: &str, toks: &[Token], i: usize) -> Option<(String, usize)> {
+/// `UESCAPE 'c'`; returns it and the index after it. `None` for no identifier (or one
+/// Postgres refuses); `Err` for a `U&"…"` whose `UESCAPE` string pgfence does not read.
+fn name_part(stmt: &str, toks: &[Token], i: usize) -> Option<Result<(String, usize), ()>> {
     let t = toks.get(i)?;
     if t.kind != TokenKind::UnicodeIdent {
-        return Some((ident_value(stmt, t)?, i + 1));
+        return Some(Ok((ident_value(stmt, t)?, i + 1)));
     }
     if !toks.get(i + 1).is_some_and(|u| u.is_word(stmt, "uescape")) {
-        return Some((unicode_ident_value(stmt, t, '\\')?, i + 1));
+        return Some(Ok((unicode_ident_value(stmt, t, '\\')?, i + 1)));
     }
-    let escape = uescape_char(stmt, toks.get(i + 2)?)?;
-    Some((unicode_ident_value(stmt, t, escape)?, i + 3))
+    let c = toks.get(i + 2)?;
+    // A plain one-character string pgfence reads; any other string kind it does not.
+    let Some(escape) = uescape_char(stmt, c) else {
+        let plain_refused = c.kind == TokenKind::String
+            && stmt
+                .get(c.span.clone())
+                .is_some_and(|s| !s.contains(['\n', '\r', '\\']));
+        return if plain_refused { None } else { Some(Err(())) };
+    };
+    Some(Ok((unicode_ident_value(stmt, t, escape)?, i + 3)))
 }
 
 /// Reads the value tokens: exactly one value, optionally signed if numeric. A list of
@@ -221,10 +266,26 @@ fn one_value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
             if matches!(t.kind, TokenKind::UnicodeString | TokenKind::UnicodeIdent)
                 && uescape.is_word(stmt, "uescape") =>
         {
+            if t.kind == TokenKind::UnicodeString && !lexing.standard_conforming_strings {
+                return Value::SyntaxError;
+            }
             uescape_char(stmt, c).map_or(Value::Unsupported(UNICODE), |escape| unicode_value(stmt, t, escape))
         }
         [t] => single_value(text(t), t, stmt, lexing),
-        _ => Value::SyntaxError,
+        // Two numbers, or two strings or words, side by side are no value in any version
+        // of Postgres. Anything else pgfence does not read (`1e-5` is three tokens to its
+        // lexer, one to Postgres): refused.
+        many if many.iter().all(|t| t.kind == TokenKind::Number)
+            || many.iter().all(|t| {
+                matches!(
+                    t.kind,
+                    TokenKind::Word | TokenKind::QuotedIdent | TokenKind::EscapeString | TokenKind::DollarString
+                ) || (t.kind == TokenKind::String && text(t).starts_with('\''))
+            }) =>
+        {
+            Value::SyntaxError
+        }
+        _ => Value::Unsupported("a value pgfence does not read"),
     }
 }
 
@@ -268,6 +329,8 @@ fn single_value(raw: &str, t: &Token, stmt: &str, lexing: Lexing) -> Value {
                 .filter(|_| closed)
                 .map_or(Value::SyntaxError, |v| Value::Read(v.to_owned()))
         }
+        // Postgres refuses a Unicode string outright while strings take backslashes.
+        TokenKind::UnicodeString if !lexing.standard_conforming_strings => Value::SyntaxError,
         TokenKind::UnicodeString | TokenKind::UnicodeIdent => unicode_value(stmt, t, '\\'),
         // `B'…'`, `X'…'`, `N'…'`, parameters, operators.
         _ => Value::SyntaxError,
@@ -388,6 +451,18 @@ mod tests {
             "SET pgfence.epoch = 1, 2",
             "SET pgfence.epoch = 1, 'a', +3",
             "SET pgfence.epoch = U&'5', 6",
+            // Postgres refuses these, but pgfence does not read them (mixed tokens).
+            "SET pgfence.epoch = DEFAULT 1",
+            "SET pgfence.epoch = -'5'",
+            "SET pgfence.epoch = '5'::int",
+            // Postgres reads these as one number; pgfence's lexer does not.
+            "SET pgfence.epoch = 1e-5",
+            "SET pgfence.epoch = +1E+3",
+            "SET pgfence.epoch = .5e-1",
+            // A name pgfence cannot decode may be its own.
+            "SET U&\"pgfence!002eepoch\" UESCAPE E'!' = 12",
+            "SET U&\"pgfence!002eepoch\" UESCAPE $$!$$ = 12",
+            "RESET U&\"pgfence!002eepoch\" UESCAPE E'!'",
         ] {
             assert!(matches!(parse(sql, Lexing::default()), Some(Malformed { .. })), "{sql}");
         }
@@ -408,12 +483,9 @@ mod tests {
             "SET pgfence.epoch = '5' '0'",
             "SET pgfence.epoch = '5'\n'0",
             "SET pgfence.epoch = $$open",
-            "SET pgfence.epoch = DEFAULT 1",
             "SET pgfence.epoch = 7 8",
             "SET pgfence.epoch = 1,",
             "SET pgfence.epoch = 1, 2 3",
-            "SET pgfence.epoch = -'5'",
-            "SET pgfence.epoch = '5'::int",
             "SET pgfence.epoch = b'1'",
             "SET pgfence.epoch = X'1F'",
             "SET pgfence.epoch = N'5'",
@@ -423,8 +495,16 @@ mod tests {
             "SET pgfence.fence = current_user",
             "RESET pgfence.epoch extra",
             "SET LOCAL pgfence.fence = 1 2",
+            // UESCAPE characters Postgres refuses: no setting is named.
+            "SET U&\"pgfence!002eepoch\" UESCAPE 'ab' = 1",
         ] {
             assert_eq!(parse(sql, Lexing::default()), None, "{sql}");
+        }
+        let off = Lexing {
+            standard_conforming_strings: false,
+        };
+        for sql in ["SET pgfence.epoch = U&'7'", "SET pgfence.epoch = U&'!0037' UESCAPE '!'"] {
+            assert_eq!(parse(sql, off), None, "{sql}: 0A000 to Postgres");
         }
         // `true`, `false` and `on` are reserved but values; other key words are values.
         for word in ["true", "FALSE", "on", "nchar", "national", "local"] {
@@ -452,6 +532,7 @@ mod tests {
             (r"SET pgfence.epoch = e'\61\062\063\0063'", on, "123\u{6}3"),
             (r"SET pgfence.epoch = E'\u0037\U00000038\q\\'", on, r"78q\"),
             (r"SET pgfence.epoch = E'\xg'", on, "xg"),
+            (r"SET pgfence.epoch = E'\461'", on, "1"),
             (r"SET pgfence.fence = E'a\tb'", on, "a\tb"),
             (r"SET pgfence.epoch = U&'\0037'", on, "7"),
             (r"SET pgfence.epoch = u&'!0031!+000038''' UESCAPE '!'", on, "18'"),

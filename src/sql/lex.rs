@@ -215,7 +215,8 @@ pub fn escaped_string_value(raw: &str) -> Option<String> {
                 'n' => 0x0a,
                 'r' => 0x0d,
                 't' => 0x09,
-                d @ '0'..='7' => digits(&mut chars, 8, 2, d.to_digit(8)?),
+                // Postgres keeps the low byte of a larger octal value.
+                d @ '0'..='7' => digits(&mut chars, 8, 2, d.to_digit(8)?) & 0xFF,
                 'x' if chars.peek().is_some_and(char::is_ascii_hexdigit) => digits(&mut chars, 16, 2, 0),
                 u @ ('u' | 'U') => {
                     let n = if u == 'u' { 4 } else { 8 };
@@ -239,8 +240,9 @@ pub fn escaped_string_value(raw: &str) -> Option<String> {
 }
 
 /// The escape character a `UESCAPE 'c'` clause gives, from its string token.
-/// `None` where Postgres refuses it: not one byte, a hex digit, `+`, a quote
-/// or whitespace (or a string this does not read, such as a continued one).
+/// `None` where Postgres refuses it (not one byte, a hex digit, `+`, a quote or
+/// whitespace), and for a string this does not read (`E'!'`, `$$!$$`, a continued
+/// one), which Postgres may accept: callers must fail closed on `None`.
 pub fn uescape_char(sql: &str, token: &Token) -> Option<char> {
     if token.kind != TokenKind::String {
         return None;
@@ -746,8 +748,12 @@ mod tests {
         };
         assert_eq!(escape("'!'"), Some('!'));
         assert_eq!(escape("'\\'"), Some('\\'));
-        for refused in ["'é'", "'a'", "'+'", "' '", "'\"'", "'!!'", "''", "E'!'", "'!'\n''"] {
+        for refused in ["'é'", "'a'", "'+'", "' '", "'\"'", "'!!'", "''"] {
             assert_eq!(escape(refused), None, "{refused}");
+        }
+        // Not read (Postgres takes them): the callers fail closed.
+        for unread in ["E'!'", "$$!$$", "'!'\n''"] {
+            assert_eq!(escape(unread), None, "{unread}");
         }
     }
 

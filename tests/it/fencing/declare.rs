@@ -793,6 +793,19 @@ async fn escaped_values_declare_what_postgres_reads() {
         assert_eq!(shown_epoch(&s).await, "2", "{set}");
         s.execute(WRITE, &[]).await.unwrap_or_else(|e| panic!("{set}: {e}"));
     }
+    // What Postgres sets but pgfence does not read is refused where it stands (PF003), so
+    // the two keep agreeing: a number with a signed exponent, a name whose UESCAPE string
+    // pgfence does not decode.
+    let s = f.session("-c pgfence.epoch=2").await;
+    for unread in [
+        "SET pgfence.epoch = 1e-5",
+        "SET U&\"pgfence!002eepoch\" UESCAPE E'!' = 1",
+        "SET U&\"pgfence!002eepoch\" UESCAPE $$!$$ = 1",
+    ] {
+        assert_eq!(code(&s.batch_execute(unread).await), "PF003", "{unread}");
+        assert_eq!(shown_epoch(&s).await, "2", "{unread}");
+    }
+    s.execute(WRITE, &[]).await.unwrap();
     // And a stale one the same way is refused.
     let s = f.session("-c pgfence.epoch=2").await;
     s.batch_execute(r"SET pgfence.epoch = U&'\0031'").await.unwrap();
