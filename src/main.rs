@@ -67,7 +67,10 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal: not in log files, pipes or journals.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     // `serve` reads its config first: the number of threads comes from it.
     let (command, workers) = match cli.command {

@@ -210,7 +210,21 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
         }
     }
     let lease = match &fence.lease {
-        None => LeaseStatus::NotConfigured,
+        // A lease taken out of the config: the guard follows the registration whoever
+        // calls it (version 8), so it must go too, or the fence's writes would still be
+        // checked against that lease.
+        None => match tx
+            .query_opt(
+                "UPDATE pgfence.fence f SET lease_table = NULL, lease_row = NULL \
+                 FROM pgfence.fence old WHERE f.name = $1 AND old.name = f.name AND f.lease_table IS NOT NULL \
+                 RETURNING old.lease_table",
+                &[&fence.name],
+            )
+            .await?
+        {
+            Some(row) => LeaseStatus::Unregistered { table: row.try_get(0)? },
+            None => LeaseStatus::NotConfigured,
+        },
         Some(lease) => register_lease(tx, fence, lease).await?,
     };
     let hwm: i64 = tx

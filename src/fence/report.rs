@@ -52,6 +52,12 @@ pub enum FenceStatus {
 pub enum LeaseStatus {
     /// The fence has no `[fence.lease]`.
     NotConfigured,
+    /// The fence has no `[fence.lease]` any more: the lease table it was registered with
+    /// no longer checks its epochs (its takeovers no longer raise the fence's mark).
+    Unregistered {
+        /// The lease table it had, as registered.
+        table: String,
+    },
     /// The lease table does not exist in this database: no trigger here (not an error;
     /// writes to this fence in this database fail with PF005 until it does).
     TableNotHere {
@@ -118,6 +124,9 @@ impl fmt::Display for LeaseStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LeaseStatus::NotConfigured => f.write_str("no lease table"),
+            LeaseStatus::Unregistered { table } => {
+                write!(f, "no lease table (was {table}: its registration removed)")
+            }
             LeaseStatus::TableNotHere { table } => {
                 write!(
                     f,

@@ -223,6 +223,11 @@ impl Declarations {
         }
     }
 
+    /// Whether a savepoint of this name is defined.
+    pub fn has_savepoint(&self, name: &str) -> bool {
+        self.savepoints.find(name).is_some()
+    }
+
     /// The transaction ended: committed or rolled back.
     pub fn end_transaction(&mut self, committed: bool) {
         self.savepoints = Savepoints::default();

@@ -101,6 +101,10 @@ pub struct Dispatcher {
     /// Postgres said the transaction block failed, and no end of it was sent since: its
     /// `COMMIT` rolls back.
     block_failed: bool,
+    /// The Query, or the batch up to the next Sync, being sent is sure to fail: a statement
+    /// in it Postgres refuses whatever the data (`AND CHAIN` outside a block, `DISCARD ALL`
+    /// where it cannot run).
+    doomed: bool,
     /// Syncs and Queries sent so far (batch numbers).
     pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
@@ -176,6 +180,7 @@ impl Dispatcher {
             begin_statements: std::collections::HashSet::new(),
             outside_block: true,
             block_failed: false,
+            doomed: false,
             sent: 0,
             batch: 0,
             dealloc_until: 0,
@@ -205,13 +210,10 @@ impl Dispatcher {
     /// such a statement cannot be rewritten without corrupting it, so a fenced
     /// one is refused with PF004.
     pub fn on_query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> Option<String> {
+        self.doomed = false;
         let (text, fails) = self.query(shared, sql, exact);
-        // Outside a transaction block the Query was an implicit transaction, ended with it
-        // (with an Execute before it that no Sync ended): what it declared is kept, unless
-        // it is sure to fail. Inside, the declarations wait for the COMMIT or ROLLBACK.
-        if self.outside_block {
-            self.speculative.end_transaction(!fails);
-        }
+        let fails = fails || std::mem::take(&mut self.doomed);
+        self.end_implicit(fails);
         text
     }
 
@@ -324,7 +326,11 @@ impl Dispatcher {
                     }
                 }
                 need => {
+                    let conditional = need.missing_name().is_some();
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {
+                        // A refusal raises whatever the data (but for one that asks whether
+                        // a name is prepared).
+                        fails |= matches!(injected, Injected::Reject(_)) && !conditional;
                         out.copy(before);
                         out.add(&call);
                         out.add(";");
@@ -342,7 +348,7 @@ impl Dispatcher {
             if let StmtKind::Declare(d) = &stmt.kind {
                 match super::declaration::effect(d, shared.defined, self.session_fence()) {
                     Ok(effect) => {
-                        self.speculate(&effect);
+                        self.speculate_declaration(&effect, single && !unsynced);
                         part.effect = Some(effect);
                     }
                     Err(rejection) => {
@@ -399,8 +405,10 @@ impl Dispatcher {
     fn note_effects(&mut self, shared: &mut Shared, kind: &StmtKind, batch: u64, answered_at: u64) -> Option<Effect> {
         self.speculate_end(kind);
         if let StmtKind::Savepoint(op) = kind {
-            // A rollback to a savepoint brings a failed block back.
-            self.block_failed &= !matches!(op, crate::sql::classify::SavepointOp::RollbackTo(_));
+            // A rollback to a savepoint it has brings a failed block back.
+            if let crate::sql::classify::SavepointOp::RollbackTo(name) = op {
+                self.block_failed &= !self.speculative.has_savepoint(name);
+            }
             let effect = Effect::Savepoint(op.clone());
             self.speculate(&effect);
             return Some(effect);
@@ -893,7 +901,7 @@ impl Dispatcher {
     /// before it to `out`, then records the client's Execute.
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         shared.copy_data_early = false;
-        shared.unsynced = true;
+        let first_of_batch = !std::mem::replace(&mut shared.unsynced, true);
         // Its effect on the transaction is known once the Sync after it is answered.
         self.ran_until = self.sent + 1;
         if let Some(decision) = self.execute_rewrite(shared, portal) {
@@ -929,7 +937,7 @@ impl Dispatcher {
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Ok(e) = super::declaration::effect(d, shared.defined, self.session_fence()) {
-                    self.speculate(&e);
+                    self.speculate_declaration(&e, first_of_batch);
                     effect = Some(e);
                 }
             }
@@ -1014,9 +1022,8 @@ impl Dispatcher {
         self.sent += 1;
         self.batch += 1;
         // Outside a transaction block what ran up to this Sync was an implicit transaction.
-        if self.outside_block {
-            self.speculative.end_transaction(true);
-        }
+        let fails = std::mem::take(&mut self.doomed);
+        self.end_implicit(fails);
         shared.pending.push_back(Unit::Sync {
             after_copy_data: shared.copy_data_early,
         });
@@ -1347,10 +1354,39 @@ impl Dispatcher {
     /// answer settles it once nothing is in flight, see `resync`).
     fn speculate_end(&mut self, kind: &StmtKind) {
         if let StmtKind::EndTransaction { commit, chain } = kind {
+            if *chain && self.outside_block {
+                // Refused outside a block: the implicit transaction fails with it.
+                self.doomed = true;
+                return;
+            }
             let failed = std::mem::take(&mut self.block_failed);
             self.speculative.end_transaction(*commit && !failed);
             self.outside_block = !chain;
         }
+    }
+
+    /// The end of a Query or of a batch at its Sync: outside a transaction block it was an
+    /// implicit transaction, whose declarations are kept unless it `fails`. Inside one, they
+    /// wait for the COMMIT or ROLLBACK, and a failure leaves the block failed.
+    fn end_implicit(&mut self, fails: bool) {
+        if self.outside_block {
+            self.speculative.end_transaction(!fails);
+        } else if fails {
+            self.block_failed = true;
+        }
+    }
+
+    /// A declaration's effect, for the later statements of the string or batch. `DISCARD
+    /// ALL` commits at once where it runs; where it may be refused (in a block, in a string
+    /// of several statements, after an earlier Execute of the batch) its reset stays
+    /// tentative, and in a block it fails it.
+    fn speculate_declaration(&mut self, effect: &Effect, alone: bool) {
+        if matches!(effect, Effect::DiscardAll(_)) && !(self.outside_block && alone) {
+            self.doomed |= !self.outside_block;
+            self.speculate(&Effect::ResetAll);
+            return;
+        }
+        self.speculate(effect);
     }
 
     /// A `BEGIN` or `START TRANSACTION` at `span` of `sql` opens a transaction block (in a

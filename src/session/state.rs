@@ -1184,8 +1184,9 @@ impl Shared {
     /// Sync reaches it, what the client sends gets no reply, and units for it would
     /// wait for one (a client that never sends that Sync would grow them without bound).
     pub fn drop_skipped(&mut self) {
-        // The unit just dropped was the Close pgfence sends before preparing one of its
-        // statements again (it never fails, so it is skipped with the Parse after it).
+        // The unit just dropped was one of pgfence's Closes: the one it sends before
+        // preparing a statement again (never refused, so skipped with the Parse after it),
+        // or its portal's after an earlier use, which only makes the state cautious.
         let mut closed_before = false;
         while self.skipping {
             let close = matches!(self.pending.front(), Some(Unit::Close(Some(Injected::Plumbing), None)));

@@ -867,3 +867,48 @@ async fn a_discard_all_is_kept_when_a_block_after_it_rolls_back() {
         assert_eq!(codes(&s.simple(WRITE).await), expected, "port {port}");
     }
 }
+
+/// Statements Postgres refuses whatever the data, pipelined: `COMMIT AND CHAIN` outside a
+/// block (no block follows it), `DISCARD ALL` inside one (nothing is reset), `ROLLBACK TO`
+/// a savepoint that does not exist (the block stays failed, its `COMMIT` rolls back). The
+/// write behind each runs at the stale epoch Postgres shows and is refused; directly it
+/// lands (the control).
+#[tokio::test]
+async fn statements_postgres_refuses_in_a_pipeline_change_no_declaration() {
+    let f = Fixture::at_epoch_two().await;
+    // (startup epoch, answered first, then pipelined)
+    let cases: [(&str, &[&str], &[&str]); 3] = [
+        (
+            "2",
+            &[],
+            &["COMMIT AND CHAIN", "SET pgfence.epoch = 1", "ROLLBACK", WRITE],
+        ),
+        (
+            "2",
+            &["SET pgfence.epoch = 1"],
+            &["BEGIN", "DISCARD ALL", "ROLLBACK", WRITE],
+        ),
+        (
+            "1",
+            &["BEGIN", "SET pgfence.epoch = 2", "SELECT 1/0"],
+            &["ROLLBACK TO SAVEPOINT nosuch", "COMMIT", WRITE],
+        ),
+    ];
+    for (startup, first, pipeline) in cases {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let mut s = f.raw(port, startup, &[]).await;
+            for sql in first {
+                s.simple(sql).await;
+            }
+            let sent: Vec<u8> = pipeline.iter().flat_map(|sql| crate::common::raw::query(sql)).collect();
+            s.send(&sent).await;
+            let mut last = Vec::new();
+            for _ in 0..pipeline.len() {
+                last = codes(&s.read_until(|m| m.tag == b'Z').await);
+            }
+            assert_eq!(shown_epoch_raw(&mut s).await, "1", "{pipeline:?}");
+            let expected: &[&str] = if port == f.proxy.port() { &["PF001"] } else { &[] };
+            assert_eq!(last, expected, "{pipeline:?}, port {port}");
+        }
+    }
+}

@@ -357,3 +357,23 @@ async fn a_direct_guard_call_cannot_lift_a_leased_fence_past_its_lease() {
     assert_eq!(f.takeover("c").await, 3);
     drop(nobody);
 }
+
+/// A lease taken out of a fence's config stops checking it once `init --config` runs with
+/// that config: the guard follows the database's registration whoever calls it, so the
+/// registration goes too, and an epoch above the old lease's writes as it would without a
+/// lease, raising the mark.
+#[tokio::test]
+async fn a_lease_taken_out_of_the_config_stops_checking_the_fence() {
+    let f = Fixture::at_epoch_two().await;
+    let without = f.leader(5).await;
+    assert_eq!(code(&without.execute(WRITE, &[]).await), "PF003", "above the lease");
+    let mut admin = f.cluster.admin(&f.db).await;
+    install(&mut admin, f.cluster.port(), NO_LEASE).await;
+    let proxy = Proxy::start(f.cluster.port(), NO_LEASE).await;
+    let c = connect(proxy.port(), &f.db, "-c pgfence.epoch=5").await;
+    c.execute(WRITE, &[]).await.unwrap();
+    assert_eq!(f.hwm().await, 5);
+    // The old lease's takeovers no longer move the fence.
+    f.takeover("z").await;
+    assert_eq!(f.hwm().await, 5);
+}
