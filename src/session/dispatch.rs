@@ -214,7 +214,19 @@ impl Dispatcher {
         let (text, fails) = self.query(shared, sql, exact);
         let fails = fails || std::mem::take(&mut self.doomed);
         self.end_implicit(fails);
+        self.drop_implicit_portals(shared);
         text
+    }
+
+    /// The end of a Query or of a batch at its Sync where no transaction block can be open:
+    /// Postgres ends the implicit transaction, committed or failed, and every portal with
+    /// it. A later batch sent before that answer comes binds the names afresh; the answers
+    /// still to come for these Binds and Closes find nothing to restore.
+    fn drop_implicit_portals(&self, shared: &mut Shared) {
+        if !self.maybe_in_block {
+            shared.portals.clear();
+            shared.uncertain_portals = None;
+        }
     }
 
     /// [`Self::on_query`], saying also whether the text sent is sure to fail: pgfence
@@ -1024,6 +1036,7 @@ impl Dispatcher {
         // Outside a transaction block what ran up to this Sync was an implicit transaction.
         let fails = std::mem::take(&mut self.doomed);
         self.end_implicit(fails);
+        self.drop_implicit_portals(shared);
         shared.pending.push_back(Unit::Sync {
             after_copy_data: shared.copy_data_early,
         });

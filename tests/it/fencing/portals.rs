@@ -730,3 +730,106 @@ async fn a_portal_closed_or_ended_is_forgotten_and_no_other() {
     s.simple("ROLLBACK").await;
     assert_eq!(f.note().await.0, "init");
 }
+
+/// Each batch of `pipeline` (sent in one write on `port` at `epoch`), its error codes:
+/// `batches` ReadyForQuery answers are read.
+async fn batch_codes(f: &Fixture, port: u16, epoch: &str, pipeline: &[Vec<u8>], batches: usize) -> Vec<Vec<String>> {
+    let mut s = f.raw(port, epoch, &[]).await;
+    s.send(&pipeline.concat()).await;
+    let mut got = Vec::new();
+    for _ in 0..batches {
+        got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
+    }
+    got
+}
+
+/// Outside a transaction block a Sync ends the implicit transaction and every portal with
+/// it, named ones too. A batch pipelined behind it binds the name afresh: through pgfence
+/// as straight to Postgres, whatever the name held, whether its Bind failed or not, and
+/// whether the new portal declares an epoch.
+#[tokio::test]
+async fn a_portal_ends_with_its_implicit_transaction_in_a_pipeline() {
+    let f = Fixture::at_epoch_two().await;
+    let cases: [(&str, Vec<Vec<u8>>); 5] = [
+        (
+            "Execute of a name whose Bind failed",
+            vec![bind("p1", "nosuch", &[]), sync(), execute("p1"), sync()],
+        ),
+        (
+            "a name bound to a statement Postgres refused, bound again",
+            vec![
+                parse("", "SELECT 1; SELECT 2"),
+                bind("p2", "", &[]),
+                sync(),
+                parse("", "UPDATE sweep_state SET note = 'current' WHERE id = 1"),
+                bind("p2", "", &[]),
+                execute("p2"),
+                sync(),
+            ],
+        ),
+        (
+            "a fenced write's portal bound again to a declaration",
+            vec![
+                parse("", "UPDATE sweep_state SET note = 'current' WHERE id = 1"),
+                bind("c1", "", &[]),
+                execute("c1"),
+                sync(),
+                parse("", "SET pgfence.epoch = 2"),
+                bind("c1", "", &[]),
+                execute("c1"),
+                sync(),
+            ],
+        ),
+        (
+            "a read's portal bound again to a DISCARD ALL",
+            vec![
+                parse("", "SELECT 1"),
+                bind("c1", "", &[]),
+                execute("c1"),
+                sync(),
+                parse("", "DISCARD ALL"),
+                bind("c1", "", &[]),
+                execute("c1"),
+                sync(),
+            ],
+        ),
+        (
+            "a simple Query between",
+            vec![
+                parse("", "SELECT 1"),
+                bind("c1", "", &[]),
+                sync(),
+                query("SELECT 2"),
+                parse("", "RESET pgfence.epoch"),
+                bind("c1", "", &[]),
+                execute("c1"),
+                sync(),
+            ],
+        ),
+    ];
+    for (what, pipeline) in &cases {
+        let batches = pipeline.iter().filter(|m| matches!(m[0], b'S' | b'Q')).count();
+        let direct = batch_codes(&f, f.cluster.port(), "2", pipeline, batches).await;
+        let proxied = batch_codes(&f, f.proxy.port(), "2", pipeline, batches).await;
+        assert_eq!(proxied, direct, "{what}");
+    }
+
+    // The stale writer gains nothing: its write, bound in the next batch under the name a
+    // read held, is checked. Straight to Postgres (the control) it lands.
+    let stale = [
+        parse("", "SELECT 1"),
+        bind("c1", "", &[]),
+        execute("c1"),
+        sync(),
+        parse("", "UPDATE sweep_state SET note = 'stale' WHERE id = 1"),
+        bind("c1", "", &[]),
+        execute("c1"),
+        sync(),
+    ];
+    let got = batch_codes(&f, f.proxy.port(), "1", &stale, 2).await;
+    assert_eq!(got, [vec![], vec!["PF001".to_owned()]]);
+    assert_eq!(f.note().await.0, "current");
+    let got = batch_codes(&f, f.cluster.port(), "1", &stale, 2).await;
+    assert_eq!(got, [Vec::<String>::new(), vec![]]);
+    assert_eq!(f.note().await.0, "stale");
+}
