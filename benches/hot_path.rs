@@ -6,9 +6,12 @@
 
 use std::hint::black_box;
 
+use bytes::BytesMut;
 use criterion::{Criterion, criterion_group, criterion_main};
 use pgfence::protocol::frame::{Body, peek_header};
+use pgfence::session::DbFences;
 use pgfence::session::declare::Declarations;
+use pgfence::session::dispatch::Dispatcher;
 use pgfence::session::state::{Shared, Unit};
 use pgfence::sql::{Analyzer, FenceId, FenceSet, TableName, analyze};
 
@@ -80,6 +83,47 @@ fn attribution(c: &mut Criterion) {
     });
 }
 
+/// One `pgbench -S -M prepared` transaction as a session of a database without fences
+/// handles it: the client's Bind, Execute and Sync, then Postgres' BindComplete, DataRow,
+/// CommandComplete and ReadyForQuery (the DataRow streams: only its header is seen).
+fn prepared_round(c: &mut Criterion) {
+    let replies: [(u8, Option<&[u8]>); 4] = [
+        (b'2', Some(b"")),
+        (b'D', None),
+        (b'C', Some(b"SELECT 1\0")),
+        (b'Z', Some(b"I")),
+    ];
+    c.bench_function("session/prepared select round, no fences", |b| {
+        let fences = std::sync::Arc::new(DbFences::for_database(std::sync::Arc::from(Vec::new()), "bench"));
+        let mut disp = Dispatcher::new(fences, Declarations::default());
+        let mut st = Shared::new(Declarations::default());
+        let mut out = BytesMut::new();
+        // The statement pgbench prepares once per session.
+        let sql = "SELECT abalance FROM pgbench_accounts WHERE aid = $1;";
+        disp.resync(&st);
+        assert!(disp.on_parse(&mut st, "P_1", b"P_1", sql, b"\0\0", true).is_none());
+        disp.on_sync(&mut st);
+        for (tag, body) in [(b'1', Some(&b""[..])), (b'Z', Some(b"I"))] {
+            st.on_server_message(tag, body);
+        }
+        b.iter(|| {
+            disp.resync(&st);
+            disp.on_bind(&mut st, "", "P_1", &mut out);
+            st.drop_skipped();
+            disp.resync(&st);
+            disp.on_execute(&mut st, "", &mut out);
+            st.drop_skipped();
+            disp.resync(&st);
+            disp.on_sync(&mut st);
+            st.drop_skipped();
+            for (tag, body) in replies {
+                black_box(st.on_server_message(tag, body));
+            }
+            assert!(out.is_empty() && st.pending.is_empty());
+        })
+    });
+}
+
 fn analysis(c: &mut Criterion) {
     let set = fences();
     let short_read = "SELECT abalance FROM pgbench_branches WHERE bid = 42;";
@@ -125,5 +169,5 @@ fn analysis(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, framing, attribution, analysis);
+criterion_group!(benches, framing, attribution, prepared_round, analysis);
 criterion_main!(benches);

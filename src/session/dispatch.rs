@@ -5,7 +5,7 @@
 //! declarations assume every SET sent so far will succeed; they are re-synced
 //! with what Postgres confirmed whenever nothing is in flight.
 
-use std::collections::HashMap;
+use super::names::NameMap;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -83,7 +83,7 @@ pub struct Dispatcher {
     pub(super) fences: Arc<DbFences>,
     pub(super) speculative: Declarations,
     /// Client statements that write rewrite-mode tables, by name.
-    pub(super) rw_statements: HashMap<String, RwStatement>,
+    pub(super) rw_statements: NameMap<RwStatement>,
     /// The last `RwStatement::serial` given.
     pub(super) rw_serial: u64,
     /// The session's `standard_conforming_strings`, for rewriting.
@@ -92,7 +92,7 @@ pub struct Dispatcher {
     /// since it last said otherwise. Only there does a portal outlive its batch's Sync.
     pub(super) maybe_in_block: bool,
     /// Client statement names whose text (at their last Parse) opens a transaction block.
-    begin_statements: std::collections::HashSet<String>,
+    begin_statements: NameMap<()>,
     /// Postgres is outside an explicit transaction block, as far as what was sent since it
     /// last said so tells: then a Query, or what runs up to a Sync, is an implicit
     /// transaction, and the declarations made in it are kept at its end (unless it fails).
@@ -174,10 +174,10 @@ impl Dispatcher {
         Self {
             fences,
             speculative: declared,
-            rw_statements: HashMap::new(),
+            rw_statements: NameMap::default(),
             scs: true,
             maybe_in_block: false,
-            begin_statements: std::collections::HashSet::new(),
+            begin_statements: NameMap::default(),
             outside_block: true,
             block_failed: false,
             doomed: false,
@@ -828,7 +828,7 @@ impl Dispatcher {
         // Its statements as Postgres splits them (`;BEGIN` is a BEGIN).
         let spans = analysis.statements.iter().map(|st| st.span.clone());
         if self.note_begins(sql, spans) || analysis.uncertain {
-            self.begin_statements.insert(name.to_owned());
+            self.begin_statements.insert(name, ());
         } else if !self.begin_statements.is_empty() {
             self.begin_statements.remove(name);
         }
@@ -859,7 +859,7 @@ impl Dispatcher {
     /// Bind: remembers which statement the portal runs; re-prepares a
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
-        if !self.begin_statements.is_empty() && self.begin_statements.contains(statement) {
+        if !self.begin_statements.is_empty() && self.begin_statements.contains_key(statement) {
             self.maybe_in_block = true;
             self.outside_block = false;
         }
@@ -889,11 +889,10 @@ impl Dispatcher {
             self.poison_portals(shared);
             shared.uncertain_portals = Some(self.sent);
         }
-        let before = shared.portals.insert(portal.to_owned(), entry);
+        let before = shared.portals.insert(portal, entry);
         shared
             .rebinding
-            .entry(portal.to_owned())
-            .or_default()
+            .get_or_default(portal)
             .push_back((self.batch, before.as_ref().map(|e| e.analysis.clone())));
         let rebind = Box::new(Rebind {
             portal: portal.to_owned(),
@@ -1285,7 +1284,7 @@ impl Dispatcher {
             .statements
             .keys()
             .filter(|k| names::not_ascii(k))
-            .cloned()
+            .map(str::to_owned)
             .collect();
         for key in keys {
             shared.define(&key, self.batch, anything.clone());

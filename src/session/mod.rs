@@ -16,7 +16,7 @@
 mod context;
 pub mod declaration;
 pub mod declare;
-mod dispatch;
+pub mod dispatch;
 mod names;
 mod positions;
 mod relay;

@@ -142,6 +142,116 @@ pub fn ident_uncertain(ident: &str, server: Encoding, client: Encoding, in_fligh
     !ident.is_ascii() && !utf8
 }
 
+/// A map keyed by statement or portal name. The unnamed statement and portal (the empty
+/// name), which extended-protocol clients use for nearly every query, live beside the
+/// table: they take no hashing, and no comparison of empty strings, which glibc's
+/// AVX-512 `memcmp` makes with a masked load from the dangling pointer of an empty
+/// `String` (a fault-suppressing load that costs tens of nanoseconds on some CPUs).
+#[derive(Debug, Clone)]
+pub struct NameMap<V> {
+    unnamed: Option<V>,
+    named: std::collections::HashMap<String, V>,
+}
+
+impl<V> Default for NameMap<V> {
+    fn default() -> Self {
+        Self {
+            unnamed: None,
+            named: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<V> NameMap<V> {
+    pub fn get(&self, name: &str) -> Option<&V> {
+        if name.is_empty() {
+            self.unnamed.as_ref()
+        } else {
+            self.named.get(name)
+        }
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut V> {
+        if name.is_empty() {
+            self.unnamed.as_mut()
+        } else {
+            self.named.get_mut(name)
+        }
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Sets `name` to `value`; returns what it held.
+    pub fn insert(&mut self, name: &str, value: V) -> Option<V> {
+        if name.is_empty() {
+            self.unnamed.replace(value)
+        } else {
+            self.named.insert(name.to_owned(), value)
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<V> {
+        if name.is_empty() {
+            self.unnamed.take()
+        } else {
+            self.named.remove(name)
+        }
+    }
+
+    /// What `name` holds, a default value put there first if nothing.
+    pub fn get_or_default(&mut self, name: &str) -> &mut V
+    where
+        V: Default,
+    {
+        if name.is_empty() {
+            self.unnamed.get_or_insert_with(V::default)
+        } else {
+            self.named.entry(name.to_owned()).or_default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.unnamed.is_none() && self.named.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.unnamed = None;
+        self.named.clear();
+    }
+
+    /// Keeps the entries for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut V) -> bool) {
+        if self.unnamed.as_mut().is_some_and(|v| !keep("", v)) {
+            self.unnamed = None;
+        }
+        self.named.retain(|k, v| keep(k, v));
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        let unnamed = self.unnamed.as_ref().map(|v| ("", v));
+        unnamed
+            .into_iter()
+            .chain(self.named.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+        let unnamed = self.unnamed.as_mut().map(|v| ("", v));
+        unnamed
+            .into_iter()
+            .chain(self.named.iter_mut().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.iter().map(|(k, _)| k)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.iter().map(|(_, v)| v)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +332,31 @@ mod tests {
         assert_eq!(protocol_key(b"s1", UTF8, UTF8, || true), "s1");
         assert_eq!(protocol_key("é".as_bytes(), Encoding::SqlAscii, UTF8, || true), "é");
         assert!(ident_uncertain("é", UTF8, UTF8, true));
+    }
+
+    /// The unnamed entry is one like the others: found, replaced, kept or dropped by
+    /// `retain`, listed by `iter`, and not confused with a named one.
+    #[test]
+    fn a_name_map_keeps_the_unnamed_entry_beside_the_others() {
+        let mut m = NameMap::default();
+        assert!(m.is_empty());
+        assert_eq!(m.insert("", 1), None);
+        assert_eq!(m.insert("a", 2), None);
+        assert_eq!(m.insert("", 3), Some(1));
+        assert_eq!((m.get(""), m.get("a"), m.get("b")), (Some(&3), Some(&2), None));
+        *m.get_or_default("") += 10;
+        *m.get_or_default("b") += 5;
+        let mut all: Vec<(&str, i32)> = m.iter().map(|(k, v)| (k, *v)).collect();
+        all.sort();
+        assert_eq!(all, [("", 13), ("a", 2), ("b", 5)]);
+        m.retain(|k, v| !k.is_empty() && *v > 2);
+        assert_eq!(
+            (m.contains_key(""), m.contains_key("a"), m.contains_key("b")),
+            (false, false, true)
+        );
+        assert_eq!(m.remove("b"), Some(5));
+        m.insert("", 1);
+        m.clear();
+        assert!(m.is_empty());
     }
 }

@@ -334,7 +334,7 @@ impl Dispatcher {
             }
             _ => None,
         };
-        self.rw_statements.insert(name.to_owned(), rw);
+        self.rw_statements.insert(name, rw);
         text
     }
 

@@ -18,6 +18,8 @@
 //!   CopyDone or CopyFail: such a Sync gets no reply, so it is no unit.
 
 use std::collections::{HashMap, VecDeque};
+
+use super::names::NameMap;
 use std::sync::{Arc, LazyLock};
 
 use bytes::BytesMut;
@@ -414,20 +416,20 @@ pub struct Shared {
     /// A definition is added when sent and the others are dropped only when Postgres
     /// confirms (a Parse or `PREPARE` that fails, or is skipped after an error, leaves
     /// the old one in force), so deciding on all of them never misses the real one.
-    pub statements: HashMap<String, Vec<Definition>>,
+    pub statements: NameMap<Vec<Definition>>,
     /// The number of the last definition.
     pub defined: u64,
     /// For each client statement name, the definition Postgres last confirmed (a Parse
     /// or `PREPARE` it accepted), while no confirmed Close, `DEALLOCATE` or `DISCARD ALL`
     /// has removed it since.
-    pub confirmed: HashMap<String, u64>,
+    pub confirmed: NameMap<u64>,
     /// A `DISCARD ALL` or `DEALLOCATE ALL` pgfence did not foresee made it forget every
     /// definition, also ones sent after it: `statements` may miss some since.
     pub forgot: bool,
     /// Portals: analysis, the Sync count they were bound at, and the dispatcher's batch
     /// when they were bound from the one definition their statement can have (see
     /// `Dispatcher::exact_definition`).
-    pub portals: HashMap<String, PortalEntry>,
+    pub portals: NameMap<PortalEntry>,
     /// Client Binds sent so far: each portal entry's number.
     pub binds: u64,
     /// The Sync count of the last Bind of a portal under a name pgfence cannot key
@@ -438,7 +440,7 @@ pub struct Shared {
     /// each was sent in and what the name held before it. Until one is answered, a portal
     /// run in a later batch may still be the one before it (Postgres keeps that one when
     /// it refuses the Bind, and a savepoint can bring the transaction back).
-    pub rebinding: HashMap<String, VecDeque<HeldBefore>>,
+    pub rebinding: NameMap<VecDeque<HeldBefore>>,
     /// What the server reported that decides how texts are read.
     pub reported: Reported,
     /// Shutdown is draining: end the session once no transaction is open.
@@ -957,7 +959,7 @@ impl Shared {
     pub fn define(&mut self, name: &str, batch: u64, analysis: Arc<Analysis>) -> Defined {
         self.defined += 1;
         let id = self.defined;
-        let defs = self.statements.entry(name.to_owned()).or_default();
+        let defs = self.statements.get_or_default(name);
         if defs.len() >= MAX_DEFINITIONS
             && let Some(newest) = defs.last().map(|d| (d.id, d.batch))
         {
@@ -1000,7 +1002,7 @@ impl Shared {
         if let Some(defs) = self.statements.get_mut(&d.name) {
             defs.retain(|def| def.id >= d.id);
         }
-        self.confirmed.insert(d.name, d.id);
+        self.confirmed.insert(&d.name, d.id);
     }
 
     /// Postgres confirmed a Close or `DEALLOCATE` sent after definition `d`: that one and
@@ -1056,7 +1058,7 @@ impl Shared {
     fn unbind(&mut self, r: Rebind) {
         if self.portals.get(&r.portal).is_some_and(|e| e.bind == r.bind) {
             match r.before {
-                Some(before) => self.portals.insert(r.portal, before),
+                Some(before) => self.portals.insert(&r.portal, before),
                 None => self.portals.remove(&r.portal),
             };
             return;
