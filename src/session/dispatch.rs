@@ -105,6 +105,9 @@ pub struct Dispatcher {
     /// in it Postgres refuses whatever the data (`AND CHAIN` outside a block, `DISCARD ALL`
     /// where it cannot run).
     doomed: bool,
+    /// A Bind was sent since the last Sync, Query or FunctionCall: its portal lives in an
+    /// implicit transaction that a Query ends, or that a client's `BEGIN` makes a block.
+    bound_unsynced: bool,
     /// Syncs and Queries sent so far (batch numbers).
     pub(super) sent: u64,
     /// Numbers stretches of messages that Postgres runs or skips as a whole: each Query,
@@ -181,6 +184,7 @@ impl Dispatcher {
             outside_block: true,
             block_failed: false,
             doomed: false,
+            bound_unsynced: false,
             sent: 0,
             batch: 0,
             dealloc_until: 0,
@@ -214,25 +218,14 @@ impl Dispatcher {
         let (text, fails) = self.query(shared, sql, exact);
         let fails = fails || std::mem::take(&mut self.doomed);
         self.end_implicit(fails);
-        self.drop_implicit_portals(shared);
         text
-    }
-
-    /// The end of a Query or of a batch at its Sync where no transaction block can be open:
-    /// Postgres ends the implicit transaction, committed or failed, and every portal with
-    /// it. A later batch sent before that answer comes binds the names afresh; the answers
-    /// still to come for these Binds and Closes find nothing to restore.
-    fn drop_implicit_portals(&self, shared: &mut Shared) {
-        if !self.maybe_in_block {
-            shared.portals.clear();
-            shared.uncertain_portals = None;
-        }
     }
 
     /// [`Self::on_query`], saying also whether the text sent is sure to fail: pgfence
     /// replaced it, or one of its statements, by a refusal.
     fn query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> (Option<String>, bool) {
         self.prepare_ahead(shared);
+        self.bound_unsynced = false;
         self.sent += 1;
         shared.copy_data_early = false;
         // Postgres ends an implicit transaction left open by an Execute with this Query.
@@ -727,6 +720,8 @@ impl Dispatcher {
     /// `pgfence` schema, a name a client statement took), nothing of the client's is
     /// touched, and the guard is spelled out instead. A PREPARE in the client's own string
     /// would keep that whole string as the statement's text for the rest of the session.
+    /// Not after a Bind still waiting for its Sync: the PREPARE would end the implicit
+    /// transaction that holds its portal, which the client's `BEGIN` would have kept.
     fn prepare_ahead(&mut self, shared: &mut Shared) {
         let own = OwnStatement::Guard;
         // Cheapest first: once prepared, every Query stops at the first test.
@@ -735,6 +730,7 @@ impl Dispatcher {
             || !self.fences.applicable.iter().any(|&f| !self.probe_only(f))
             || shared.answered < self.ran_until
             || shared.answered < self.dealloc_until
+            || self.bound_unsynced
             || !shared.between_transactions()
         {
             return;
@@ -859,6 +855,7 @@ impl Dispatcher {
     /// Bind: remembers which statement the portal runs; re-prepares a
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
+        self.bound_unsynced = true;
         if !self.begin_statements.is_empty() && self.begin_statements.contains_key(statement) {
             self.maybe_in_block = true;
             self.outside_block = false;
@@ -1030,12 +1027,12 @@ impl Dispatcher {
             return;
         }
         shared.unsynced = false;
+        self.bound_unsynced = false;
         self.sent += 1;
         self.batch += 1;
         // Outside a transaction block what ran up to this Sync was an implicit transaction.
         let fails = std::mem::take(&mut self.doomed);
         self.end_implicit(fails);
-        self.drop_implicit_portals(shared);
         shared.pending.push_back(Unit::Sync {
             after_copy_data: shared.copy_data_early,
         });
@@ -1083,6 +1080,7 @@ impl Dispatcher {
     /// FunctionCall.
     pub fn on_function_call(&mut self, shared: &mut Shared) {
         shared.unsynced = false;
+        self.bound_unsynced = false;
         self.sent += 1;
         self.batch += 1;
         shared.pending.push_back(Unit::FunctionCall);
