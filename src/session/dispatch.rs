@@ -201,14 +201,9 @@ impl Dispatcher {
     pub fn resync(&mut self, shared: &Shared) {
         self.rewrite_budget.set(super::rewriting::REWRITE_BUDGET);
         if shared.pending.is_empty() {
-            // Postgres reports the transaction's state only at ReadyForQuery: after an
-            // Execute still waiting for its Sync (answered after a Flush), what was sent
-            // since the last report (a `BEGIN`, a `COMMIT`) tells more than the report.
-            if !shared.unsynced {
-                self.maybe_in_block = shared.tx_status != b'I';
-                self.outside_block = shared.tx_status == b'I';
-                self.block_failed = shared.tx_status == b'E';
-            }
+            self.maybe_in_block = shared.tx_status != b'I';
+            self.outside_block = shared.tx_status == b'I';
+            self.block_failed = shared.tx_status == b'E';
             self.speculative = shared.declared.clone();
         }
         self.scs = shared.reported.standard_conforming_strings;

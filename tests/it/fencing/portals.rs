@@ -833,10 +833,7 @@ async fn a_portal_held_in_a_transaction_pgfence_cannot_see_is_still_checked() {
                     .concat(),
                     Wait::Tag(b'G'),
                 ),
-                (
-                    [message(b'd', b"1\tcopied\n"), message(b'c', &[]), r].concat(),
-                    Wait::Ready(1),
-                ),
+                ([message(b'd', b"1\tcopied\n"), message(b'c', &[]), r].concat(), Wait::Ready(1)),
             ]
         }),
     ];

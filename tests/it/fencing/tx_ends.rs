@@ -226,38 +226,3 @@ async fn the_transaction_after_a_suspended_call_that_commits_is_checked_again() 
         }
     }
 }
-
-/// A `BEGIN` run by Execute and answered after a Flush opened a block that Postgres has not
-/// reported yet (it reports at the Sync): a `SET` made in it is undone by its `ROLLBACK`,
-/// so the write pipelined behind runs at the epoch declared before, as straight to Postgres.
-#[tokio::test]
-async fn a_block_opened_before_a_flush_keeps_its_set_tentative() {
-    use crate::common::raw::{bind, codes, execute, message, parse, query};
-    let f = Fixture::at_epoch_two().await;
-    for port in [f.proxy.port(), f.cluster.port()] {
-        let mut s = f.raw(port, "2", &[]).await;
-        s.send(&[parse("b", "BEGIN"), bind("", "b", &[]), execute(""), message(b'H', &[])].concat())
-            .await;
-        s.read_until(|m| m.tag == b'C').await;
-        s.send(
-            &[
-                query("SET pgfence.epoch = 1"),
-                query("ROLLBACK"),
-                query("UPDATE sweep_state SET note = 'leader' WHERE id = 1"),
-            ]
-            .concat(),
-        )
-        .await;
-        let mut got = Vec::new();
-        for _ in 0..3 {
-            got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
-        }
-        // The Execute's Sync never came: the ROLLBACK ended that block.
-        assert!(got.is_empty(), "{port}: {got:?}");
-        assert_eq!(f.note().await.0, "leader", "{port}");
-        f.admin
-            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-            .await
-            .unwrap();
-    }
-}
