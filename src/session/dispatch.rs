@@ -88,9 +88,6 @@ pub struct Dispatcher {
     pub(super) rw_serial: u64,
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
-    /// An explicit transaction may be open: Postgres said so, or a `BEGIN`/`START` was sent
-    /// since it last said otherwise. Only there does a portal outlive its batch's Sync.
-    pub(super) maybe_in_block: bool,
     /// Client statement names whose text (at their last Parse) opens a transaction block.
     begin_statements: NameMap<()>,
     /// Postgres is outside an explicit transaction block, as far as what was sent since it
@@ -179,7 +176,6 @@ impl Dispatcher {
             speculative: declared,
             rw_statements: NameMap::default(),
             scs: true,
-            maybe_in_block: false,
             begin_statements: NameMap::default(),
             outside_block: true,
             block_failed: false,
@@ -201,7 +197,6 @@ impl Dispatcher {
     pub fn resync(&mut self, shared: &Shared) {
         self.rewrite_budget.set(super::rewriting::REWRITE_BUDGET);
         if shared.pending.is_empty() {
-            self.maybe_in_block = shared.tx_status != b'I';
             self.outside_block = shared.tx_status == b'I';
             self.block_failed = shared.tx_status == b'E';
             self.speculative = shared.declared.clone();
@@ -257,9 +252,7 @@ impl Dispatcher {
         }
         let analysis = self.keyed(shared, analysis, unsynced);
         // A text taken whole may hide a BEGIN among its statements.
-        self.maybe_in_block |= analysis.uncertain;
         self.outside_block &= !analysis.uncertain;
-        let _ = self.note_begins(sql, analysis.statements.iter().map(|st| st.span.clone()));
         if analysis.uncertain {
             // What it does is unknown to pgfence, e.g. a DEALLOCATE of its guard statement
             // and a PREPARE of a fake one: close and prepare them again before use.
@@ -695,12 +688,9 @@ impl Dispatcher {
         })
     }
 
-    /// Notes a `BEGIN` or `START TRANSACTION` among the statements at `spans` of `sql`.
-    /// Returns whether there is one.
-    fn note_begins(&mut self, sql: &str, spans: impl Iterator<Item = std::ops::Range<usize>>) -> bool {
-        let begins = spans.into_iter().any(|span| self.begins(sql.get(span)));
-        self.maybe_in_block |= begins;
-        begins
+    /// Whether a `BEGIN` or `START TRANSACTION` is among the statements at `spans` of `sql`.
+    fn any_begins(&self, sql: &str, mut spans: impl Iterator<Item = std::ops::Range<usize>>) -> bool {
+        spans.any(|span| self.begins(sql.get(span)))
     }
 
     /// Whether pgfence may rewrite the statement's text (a write to a rewrite-mode table,
@@ -823,7 +813,7 @@ impl Dispatcher {
         // later round trip: its Bind counts as a BEGIN too.
         // Its statements as Postgres splits them (`;BEGIN` is a BEGIN).
         let spans = analysis.statements.iter().map(|st| st.span.clone());
-        if self.note_begins(sql, spans) || analysis.uncertain {
+        if self.any_begins(sql, spans) || analysis.uncertain {
             self.begin_statements.insert(name, ());
         } else if !self.begin_statements.is_empty() {
             self.begin_statements.remove(name);
@@ -857,7 +847,6 @@ impl Dispatcher {
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
         self.bound_unsynced = true;
         if !self.begin_statements.is_empty() && self.begin_statements.contains_key(statement) {
-            self.maybe_in_block = true;
             self.outside_block = false;
         }
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
@@ -927,12 +916,10 @@ impl Dispatcher {
             None => (Arc::default(), false),
         };
         // A Bind of the name from an earlier batch, not yet answered, may be refused: inside
-        // an explicit transaction the portal is then still what it held before.
-        let earlier: Vec<Arc<Analysis>> = if self.maybe_in_block {
-            shared.held_before(portal, self.batch).cloned().collect()
-        } else {
-            Vec::new()
-        };
+        // an explicit transaction the portal is then still what it held before. Whether one
+        // is open is not known until Postgres says so (a `BEGIN` may be run where pgfence
+        // cannot see it, by SQL `EXECUTE`), so that is taken as possible.
+        let earlier: Vec<Arc<Analysis>> = shared.held_before(portal, self.batch).cloned().collect();
         for before in earlier {
             analysis = self.either(shared, &before, analysis);
             exact = false;
@@ -1225,8 +1212,7 @@ impl Dispatcher {
                 return Need::Unanalysable(Vec::new());
             }
             // A FETCH runs in a batch of its own: every unanswered Bind is from before it.
-            let before = if self.maybe_in_block { u64::MAX } else { 0 };
-            for analysis in shared.portal_may_run(name, before) {
+            for analysis in shared.portal_may_run(name, u64::MAX) {
                 need = need.union(portal_need(analysis));
             }
         }

@@ -450,9 +450,10 @@ impl Dispatcher {
 
     /// Execute of a portal bound from a rewrite statement: what must run
     /// before it (the lease guard or a rejection). `None` when the portal is
-    /// not one of those. Inside a transaction, while a Bind of the name from an earlier
-    /// batch is unanswered, Postgres may have refused it and kept the portal from before,
-    /// with another epoch or none: refused.
+    /// not one of those. While a Bind of the name from an earlier batch is unanswered,
+    /// Postgres may have refused it and kept the portal from before (in a transaction
+    /// block, which may be open where pgfence cannot see), with another epoch or none:
+    /// refused.
     pub(super) fn execute_rewrite(&self, shared: &Shared, portal: &str) -> Option<Option<Decision>> {
         let RwPortal {
             statement,
@@ -460,7 +461,7 @@ impl Dispatcher {
             fences,
             bound,
         } = shared.portals.get(portal)?.rw.as_ref()?;
-        let earlier = self.maybe_in_block && shared.held_before(portal, self.batch).next().is_some();
+        let earlier = shared.held_before(portal, self.batch).next().is_some();
         let bound = if earlier { &None } else { bound };
         // The portal runs the text bound into it, whatever the name holds since (a statement
         // closed, or prepared again): its Execute is decided by the fences that text writes.

@@ -732,11 +732,12 @@ async fn a_portal_closed_or_ended_is_forgotten_and_no_other() {
 }
 
 /// What to wait for after sending a step of a [`plan`].
+#[derive(Clone, Copy)]
 enum Wait {
     /// This many ReadyForQuery.
     Ready(usize),
-    /// A message with this tag.
-    Tag(u8),
+    /// This many messages with this tag (an ErrorResponse counts as one).
+    Count(u8, usize),
 }
 
 /// Sends each step on a session at `epoch` on `port`, waiting as it says; the error
@@ -752,7 +753,11 @@ async fn plan(f: &Fixture, port: u16, epoch: &str, steps: Vec<(Vec<u8>, Wait)>) 
                     got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
                 }
             }
-            Wait::Tag(tag) => got.extend(codes(&s.read_until(|m| m.tag == tag || m.tag == b'E').await)),
+            Wait::Count(tag, n) => {
+                for _ in 0..n {
+                    got.extend(codes(&s.read_until(|m| m.tag == tag || m.tag == b'E').await));
+                }
+            }
         }
     }
     got
@@ -777,7 +782,7 @@ async fn a_portal_held_in_a_transaction_pgfence_cannot_see_is_still_checked() {
             vec![
                 (
                     [parse("b", "BEGIN"), bind("", "b", &[]), execute(""), flush()].concat(),
-                    Wait::Tag(b'C'),
+                    Wait::Count(b'C', 1),
                 ),
                 ([w, sync()].concat(), Wait::Ready(1)),
                 (r, Wait::Ready(1)),
@@ -831,9 +836,12 @@ async fn a_portal_held_in_a_transaction_pgfence_cannot_see_is_still_checked() {
                         sync(),
                     ]
                     .concat(),
-                    Wait::Tag(b'G'),
+                    Wait::Count(b'G', 1),
                 ),
-                ([message(b'd', b"1\tcopied\n"), message(b'c', &[]), r].concat(), Wait::Ready(1)),
+                (
+                    [message(b'd', b"1\tcopied\n"), message(b'c', &[]), r].concat(),
+                    Wait::Ready(1),
+                ),
             ]
         }),
     ];
@@ -867,5 +875,91 @@ async fn a_portal_bound_before_the_first_query_is_kept_by_its_begin() {
         let ran = s.read_until(|m| m.tag == b'Z').await;
         assert_eq!((codes(&ran), tags(&ran)), (vec![], "DCZ".to_owned()), "{port}");
         s.simple("COMMIT").await;
+    }
+}
+
+/// A block opened where pgfence cannot see (SQL `EXECUTE` of a Parse'd `BEGIN`) keeps a
+/// portal bound to a stale write through a failed batch that would have closed and re-bound
+/// it; `ROLLBACK TO` brings the block back and the portal runs, by Execute or by SQL `FETCH`.
+/// pgfence checks what the name held before each unanswered Bind, block or not.
+#[tokio::test]
+async fn a_rebind_in_a_failed_batch_of_an_unseen_block_leaves_the_write_checked() {
+    let f = Fixture::at_epoch_two().await;
+    let prepared = [
+        parse("b", "BEGIN"),
+        parse("w", "UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id"),
+        parse("r", "SELECT 1"),
+        parse("e", "SELECT 1/0"),
+        parse("sp", "SAVEPOINT s"),
+        parse("rb", "ROLLBACK TO SAVEPOINT s"),
+        sync(),
+    ]
+    .concat();
+    let open = || {
+        [
+            query("EXECUTE b"),
+            bind("p", "w", &[]),
+            bind("", "sp", &[]),
+            execute(""),
+        ]
+        .concat()
+    };
+    let failed_rebind = || {
+        [
+            bind("", "e", &[]),
+            execute(""),
+            message(b'C', b"Pp\0"),
+            bind("p", "r", &[]),
+            sync(),
+            bind("", "rb", &[]),
+            execute(""),
+        ]
+        .concat()
+    };
+    let cases: [(&str, Vec<(Vec<u8>, Wait)>); 3] = [
+        (
+            "answered after a Flush, then Execute",
+            vec![
+                (prepared.clone(), Wait::Ready(1)),
+                ([open(), flush()].concat(), Wait::Count(b'C', 2)),
+                ([failed_rebind(), execute("p"), sync()].concat(), Wait::Ready(2)),
+                (query("COMMIT"), Wait::Ready(1)),
+            ],
+        ),
+        (
+            "all in one write, then Execute",
+            vec![
+                (prepared.clone(), Wait::Ready(1)),
+                (
+                    [open(), flush(), failed_rebind(), execute("p"), sync()].concat(),
+                    Wait::Ready(3),
+                ),
+                (query("COMMIT"), Wait::Ready(1)),
+            ],
+        ),
+        (
+            "answered after a Flush, then FETCH",
+            vec![
+                (prepared.clone(), Wait::Ready(1)),
+                ([open(), flush()].concat(), Wait::Count(b'C', 2)),
+                (
+                    [failed_rebind(), sync(), query("FETCH ALL FROM p")].concat(),
+                    Wait::Ready(3),
+                ),
+                (query("COMMIT"), Wait::Ready(1)),
+            ],
+        ),
+    ];
+    for (what, steps) in cases {
+        let got = plan(&f, f.proxy.port(), "1", steps.clone()).await;
+        assert!(got.contains(&"PF001".to_owned()), "{what}: {got:?}");
+        assert_eq!(f.note().await.0, "init", "{what}");
+        let got = plan(&f, f.cluster.port(), "1", steps).await;
+        assert_eq!(got, ["22012"], "{what}");
+        assert_eq!(f.note().await.0, "stale", "{what}");
+        f.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+            .await
+            .unwrap();
     }
 }
