@@ -1054,7 +1054,9 @@ impl Shared {
     /// is still there (a wrong parameter count fails before the old unnamed portal goes, and
     /// a savepoint can bring the transaction back), so its statement is what the name runs.
     /// When a later Bind of the name, still unanswered, already took its place, that one
-    /// replaces what this one would have: it inherits `before`.
+    /// replaces what this one would have: it inherits `before`, both for when it is
+    /// answered and for what an Execute sent before then may run ([`Self::held_before`]:
+    /// the later Bind's entry is now the first of the name's unanswered ones).
     fn unbind(&mut self, r: Rebind) {
         if self.portals.get(&r.portal).is_some_and(|e| e.bind == r.bind) {
             match r.before {
@@ -1062,6 +1064,9 @@ impl Shared {
                 None => self.portals.remove(&r.portal),
             };
             return;
+        }
+        if let Some((_, held)) = self.rebinding.get_mut(&r.portal).and_then(VecDeque::front_mut) {
+            *held = r.before.as_ref().map(|e| e.analysis.clone());
         }
         let later = self.pending.iter_mut().find_map(|u| match u {
             Unit::Bind(_, _, Some(later)) if later.portal == r.portal => Some(later),

@@ -963,3 +963,100 @@ async fn a_rebind_in_a_failed_batch_of_an_unseen_block_leaves_the_write_checked(
             .unwrap();
     }
 }
+
+/// A name bound twice in a block, each Bind sent before Postgres answered the other and
+/// each refused or skipped; the first answered before an Execute (or FETCH) of the name is
+/// sent, the second not: the write the name held from before both is what runs, and it is
+/// checked. The second Bind's batch waits on an advisory lock another session holds until
+/// the Execute is sent.
+#[tokio::test]
+async fn a_portal_bound_twice_in_vain_runs_its_first_write_checked() {
+    let f = Fixture::at_epoch_two().await;
+    let locker = f.direct().await;
+    let statements = [
+        parse("w", "UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id"),
+        parse("r", "SELECT 1"),
+        parse("e", "SELECT 1/0"),
+        parse("z", "SELECT pg_advisory_xact_lock(4242)"),
+        parse("sp", "SAVEPOINT s"),
+        parse("rb", "ROLLBACK TO SAVEPOINT s"),
+    ]
+    .concat();
+    // (what, the name, the failed batch's Close, the refused Bind's parameters, the run)
+    let cases: [(&str, &str, Vec<u8>, &[&str], Vec<u8>); 3] = [
+        (
+            "named, Execute",
+            "p",
+            message(b'C', b"Pp\0"),
+            &[],
+            [execute("p"), sync()].concat(),
+        ),
+        (
+            "named, FETCH",
+            "p",
+            message(b'C', b"Pp\0"),
+            &[],
+            query("FETCH ALL FROM p"),
+        ),
+        (
+            "unnamed, refused for its parameters",
+            "",
+            Vec::new(),
+            &["1"],
+            [execute(""), sync()].concat(),
+        ),
+    ];
+    for (what, name, close, params, run) in cases {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            locker.batch_execute("SELECT pg_advisory_lock(4242)").await.unwrap();
+            let mut s = f.raw(port, "1", &[]).await;
+            s.simple("BEGIN").await;
+            let setup = [
+                statements.clone(),
+                bind(name, "w", &[]),
+                bind("sp", "sp", &[]),
+                execute("sp"),
+                sync(),
+            ];
+            s.send(&setup.concat()).await;
+            assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty(), "{what}");
+            // The first batch fails before its Close and Bind; back to the savepoint; the next
+            // batch waits on the lock before its Bind, which Postgres refuses.
+            let back = || [bind("rb", "rb", &[]), execute("rb"), sync()].concat();
+            let failed = [
+                bind("x", "e", &[]),
+                execute("x"),
+                close.clone(),
+                bind(name, "r", &[]),
+                sync(),
+            ];
+            let refused = [bind("zz", "z", &[]), execute("zz"), bind(name, "r", params), sync()].concat();
+            s.send(&[failed.concat(), back(), refused].concat()).await;
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+            }
+            assert_eq!(got, ["22012"], "{what}");
+            // Back again, and the run, sent while it waits.
+            s.send(&[back(), run.clone()].concat()).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            locker.batch_execute("SELECT pg_advisory_unlock(4242)").await.unwrap();
+            for _ in 0..3 {
+                got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+            }
+            s.simple("COMMIT").await;
+            let note = f.note().await.0;
+            if port == f.proxy.port() {
+                assert!(got.contains(&"PF001".to_owned()), "{what}: {got:?}");
+                assert_eq!(note, "init", "{what}");
+            } else {
+                assert!(!got.iter().any(|c| c.starts_with("PF")), "{what}: {got:?}");
+                assert_eq!(note, "stale", "{what}");
+                f.admin
+                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
