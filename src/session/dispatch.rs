@@ -982,10 +982,25 @@ impl Dispatcher {
 
     /// One analysis for a portal that may run either `a` or `b`: what either needs (a
     /// write to a rewrite-mode table counts as unanalysable, as in [`Self::resolve`]).
-    /// Where only one of them declares (or they declare differently), pgfence cannot
-    /// tell which declaration Postgres makes: it may write any fence, so it is refused.
+    /// Where they differ and one of them changes what pgfence follows (a declaration, the
+    /// transaction's end, a savepoint, a statement prepared or deallocated, a cursor
+    /// closed), pgfence cannot tell which change Postgres makes, and taking the wrong one
+    /// would lose track of a write (a portal forgotten, a statement's definition dropped):
+    /// it may write any fence, so it is refused.
     fn either(&self, shared: &Shared, a: &Analysis, b: Arc<Analysis>) -> Arc<Analysis> {
-        let declares = |x: &Analysis| x.statements.iter().any(|s| matches!(s.kind, StmtKind::Declare(_)));
+        let changes = |x: &Analysis| {
+            x.statements.iter().any(|s| {
+                matches!(
+                    s.kind,
+                    StmtKind::Declare(_)
+                        | StmtKind::EndTransaction { .. }
+                        | StmtKind::Savepoint(_)
+                        | StmtKind::Prepare { .. }
+                        | StmtKind::Deallocate { .. }
+                        | StmtKind::Close { .. }
+                )
+            })
+        };
         let same = || {
             a.statements
                 .iter()
@@ -993,7 +1008,7 @@ impl Dispatcher {
                 .eq(b.statements.iter().map(|s| &s.kind))
         };
         // What a portal of `EXECUTE`/`FETCH` runs is looked up when it runs, not now.
-        if (declares(a) || declares(&b) || runs_by_name(a) || runs_by_name(&b)) && !same() {
+        if (changes(a) || changes(&b) || runs_by_name(a) || runs_by_name(&b)) && !same() {
             let anything = self.anything();
             if !anything.statements.is_empty() {
                 return anything;

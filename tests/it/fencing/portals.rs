@@ -1069,3 +1069,69 @@ async fn a_portal_bound_twice_in_vain_runs_its_first_write_checked() {
         }
     }
 }
+
+/// A portal re-bound in a batch Postgres refuses (the name is held: 42P03), executed in a
+/// later batch before that answer comes: Postgres runs the old statement, a read. Had
+/// pgfence taken the new one's effect (a transaction's end or `CLOSE ALL` forgets portals,
+/// a `PREPARE` replaces a definition), a stale write bound or prepared before would run
+/// unguarded; such an Execute is refused (PF004) instead, and the write is checked.
+#[tokio::test]
+async fn a_refused_rebind_changes_nothing_pgfence_follows() {
+    let f = Fixture::at_epoch_two().await;
+    let stale = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
+    for new in ["COMMIT", "CLOSE ALL", "ROLLBACK", "PREPARE x AS SELECT 1"] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let mut s = f.raw(port, "1", &[]).await;
+            let mut got = codes(&s.simple("BEGIN").await);
+            // The stale write: bound to portal m, and prepared as x.
+            let setup = [
+                query(&format!("PREPARE x AS {stale}")),
+                parse("w", stale),
+                parse("s", "SELECT 1"),
+                parse("c", new),
+                bind("m", "w", &[]),
+                bind("n", "s", &[]),
+                sync(),
+                query("SAVEPOINT sp"),
+            ];
+            s.send(&setup.concat()).await;
+            for _ in 0..3 {
+                got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+            }
+            assert!(got.is_empty(), "{new}: {got:?}");
+            // The refused re-Bind and the Execute of its name, answered before the rest goes;
+            // each run after a ROLLBACK TO, so that a refusal does not hide the next one.
+            let back = || query("ROLLBACK TO SAVEPOINT sp");
+            let batches = [
+                [bind("n", "c", &[]), sync(), back(), execute("n"), sync()].concat(),
+                [
+                    back(),
+                    execute("m"),
+                    sync(),
+                    back(),
+                    query("EXECUTE x"),
+                    query("COMMIT"),
+                ]
+                .concat(),
+            ];
+            for (batch, answers) in batches.iter().zip([3, 5]) {
+                s.send(batch).await;
+                for _ in 0..answers {
+                    got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+                }
+            }
+            let note = f.note().await.0;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["42P03", "PF004", "PF001", "PF001"], "{new}");
+                assert_eq!(note, "init", "{new}");
+            } else {
+                assert_eq!(got, ["42P03"], "{new}");
+                assert_eq!(note, "stale", "{new}");
+                f.admin
+                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
