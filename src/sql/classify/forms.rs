@@ -123,11 +123,21 @@ impl Ctx<'_> {
     pub(super) fn prepare(&mut self, span: Range<usize>, depth: usize) -> StmtKind {
         let mut c = Cur::new(self.text(&span), self.lexing);
         c.toks.next();
+        // `PREPARE TRANSACTION 'gid'` (two-phase commit) ends the transaction; without the
+        // string, `transaction` is the name of an ordinary prepared statement.
         if c.peek_is_word("transaction") {
-            return StmtKind::EndTransaction {
-                commit: true,
-                chain: false,
-            };
+            let gid = Cur::new(self.text(&span), self.lexing).toks.nth(2).is_some_and(|t| {
+                matches!(
+                    t.kind,
+                    TokenKind::String | TokenKind::EscapeString | TokenKind::UnicodeString | TokenKind::DollarString
+                )
+            });
+            if gid {
+                return StmtKind::EndTransaction {
+                    commit: true,
+                    chain: false,
+                };
+            }
         }
         let Some(name) = c.decoded_ident() else {
             return self.unanalysable_if_named(&span);

@@ -469,6 +469,14 @@ const ROWS: &[(&str, &str)] = &[
     ("PREPARE q AS SELECT * FROM invoices", "prepare q:other"),
     ("PREPARE \"Q\" AS SELECT 1", "prepare Q:other"),
     ("PREPARE TRANSACTION 'x'", "end:commit"),
+    ("prepare transaction E'x' ", "end:commit"),
+    ("PREPARE TRANSACTION $$x$$", "end:commit"),
+    // Without the string, `transaction` names an ordinary prepared statement.
+    ("PREPARE transaction AS SELECT 1", "prepare transaction:other"),
+    (
+        "PREPARE Transaction (int) AS DELETE FROM invoices",
+        "prepare transaction:write:invoices",
+    ),
     ("EXECUTE p", "execute p"),
     ("EXECUTE P(1, 'a')", "execute p"),
     ("DEALLOCATE p", "deallocate p"),

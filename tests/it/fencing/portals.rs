@@ -1135,3 +1135,35 @@ async fn a_refused_rebind_changes_nothing_pgfence_follows() {
         }
     }
 }
+
+/// `PREPARE transaction AS …` prepares a statement named `transaction`: unlike `PREPARE
+/// TRANSACTION 'gid'` it ends nothing, and the block's portals stay. A portal bound to a
+/// stale write before it is still checked, run by Execute or by SQL `FETCH`.
+#[tokio::test]
+async fn a_statement_named_transaction_ends_no_transaction() {
+    let f = Fixture::at_epoch_two().await;
+    for run in [[execute("m"), sync()].concat(), query("FETCH ALL FROM m")] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let mut s = f.raw(port, "1", &[]).await;
+            s.simple("BEGIN").await;
+            s.send(&[parse("w", STALE_UPDATE), bind("m", "w", &[]), sync()].concat())
+                .await;
+            s.read_until(|m| m.tag == b'Z').await;
+            assert!(codes(&s.simple("PREPARE transaction AS SELECT 1").await).is_empty());
+            s.send(&run).await;
+            let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+            s.simple("COMMIT").await;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF001"]);
+                assert_eq!(f.note().await.0, "init");
+            } else {
+                assert!(got.is_empty(), "{got:?}");
+                assert_eq!(f.note().await.0, "stale");
+                f.admin
+                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
