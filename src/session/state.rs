@@ -175,6 +175,23 @@ pub enum Effect {
     },
 }
 
+/// Whether a statement that completed with tag `command` can have done what `effect` says,
+/// for the effects that make pgfence forget portals: a statement read otherwise than
+/// Postgres ran it must not drop portals Postgres still holds (one of them may hold a
+/// write whose Execute would then go unguarded).
+fn tag_carries(effect: &Effect, command: &[u8]) -> bool {
+    match effect {
+        Effect::PortalsGone { portal: None, .. } => {
+            matches!(
+                command,
+                b"COMMIT" | b"ROLLBACK" | b"PREPARE TRANSACTION" | b"CLOSE CURSOR ALL"
+            )
+        }
+        Effect::PortalsGone { portal: Some(_), .. } => command == b"CLOSE CURSOR",
+        _ => true,
+    }
+}
+
 /// A client statement name with the number of a definition (or of the last definition
 /// before a removal); numbers grow in dispatch order (`Shared::define`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -849,7 +866,7 @@ impl Shared {
         if tag == b'C' {
             let command = body.map(|b| b.strip_suffix(b"\0").unwrap_or(b)).unwrap_or_default();
             self.on_command_tag(command, effect.as_ref());
-            if let Some(effect) = effect {
+            if let Some(effect) = effect.filter(|e| tag_carries(e, command)) {
                 self.apply(effect);
             }
         }
@@ -1281,5 +1298,43 @@ impl Shared {
             return Verdict::Replace(out);
         }
         Verdict::Forward
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A portal-dropping effect is applied only on the tag of a statement that drops
+    /// portals: a misread statement (here a `PREPARE` taken for a transaction's end) leaves
+    /// them.
+    #[test]
+    fn portals_go_only_on_the_tags_that_drop_them() {
+        let entry = PortalEntry {
+            analysis: Arc::default(),
+            sent: 0,
+            exact: None,
+            bind: 1,
+            rw: None,
+        };
+        let cases: [(Option<&str>, &[u8], bool); 6] = [
+            (None, b"PREPARE\0", true),
+            (None, b"SELECT 1\0", true),
+            (Some("m"), b"CLOSE CURSOR ALL\0", true),
+            (Some("m"), b"CLOSE CURSOR\0", false),
+            (None, b"CLOSE CURSOR ALL\0", false),
+            (None, b"COMMIT\0", false),
+        ];
+        for (portal, tag, kept) in cases {
+            let mut st = Shared::new(Declarations::default());
+            st.portals.insert("m", entry.clone());
+            let gone = Effect::PortalsGone {
+                portal: portal.map(str::to_owned),
+                upto: 1,
+            };
+            st.pending.push_back(Unit::Execute(None, Some(gone)));
+            st.on_server_message(b'C', Some(tag));
+            assert_eq!(st.portals.contains_key("m"), kept, "{portal:?} {tag:?}");
+        }
     }
 }
