@@ -731,6 +731,9 @@ async fn a_portal_closed_or_ended_is_forgotten_and_no_other() {
     assert_eq!(f.note().await.0, "init");
 }
 
+/// Messages to send, each with what to wait for after it.
+type Steps = Vec<(Vec<u8>, Wait)>;
+
 /// What to wait for after sending a step of a [`plan`].
 #[derive(Clone, Copy)]
 enum Wait {
@@ -742,7 +745,7 @@ enum Wait {
 
 /// Sends each step on a session at `epoch` on `port`, waiting as it says; the error
 /// codes of all the replies.
-async fn plan(f: &Fixture, port: u16, epoch: &str, steps: Vec<(Vec<u8>, Wait)>) -> Vec<String> {
+async fn plan(f: &Fixture, port: u16, epoch: &str, steps: Steps) -> Vec<String> {
     let mut s = f.raw(port, epoch, &[]).await;
     let mut got = Vec::new();
     for (bytes, wait) in steps {
@@ -777,7 +780,9 @@ async fn a_portal_held_in_a_transaction_pgfence_cannot_see_is_still_checked() {
     let stale = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
     let write_p = || [parse("w", stale), bind("p", "w", &[])].concat();
     let run_p = || [execute("p"), sync()].concat();
-    let cases: [(&str, fn(Vec<u8>, Vec<u8>) -> Vec<(Vec<u8>, Wait)>); 6] = [
+    // Each builds its steps from the Bind of the write and the run of it.
+    type Case = (&'static str, fn(Vec<u8>, Vec<u8>) -> Steps);
+    let cases: [Case; 6] = [
         ("a BEGIN executed before a Flush, its Sync still to come", |w, r| {
             vec![
                 (
@@ -925,7 +930,7 @@ async fn a_rebind_in_a_failed_batch_of_an_unseen_block_leaves_the_write_checked(
         ]
         .concat()
     };
-    let cases: [(&str, Vec<(Vec<u8>, Wait)>); 3] = [
+    let cases: [(&str, Steps); 3] = [
         (
             "answered after a Flush, then Execute",
             vec![
@@ -992,7 +997,8 @@ async fn a_portal_bound_twice_in_vain_runs_its_first_write_checked() {
     ]
     .concat();
     // (what, the name, the failed batch's Close, the refused Bind's parameters, the run)
-    let cases: [(&str, &str, Vec<u8>, &[&str], Vec<u8>); 3] = [
+    type Case = (&'static str, &'static str, Vec<u8>, &'static [&'static str], Vec<u8>);
+    let cases: [Case; 3] = [
         (
             "named, Execute",
             "p",
