@@ -59,22 +59,6 @@ fn close(name: &[u8]) -> Vec<u8> {
     message(b'C', &[b"S".as_slice(), &cstrs(&[name])].concat())
 }
 
-/// The verdict on a stale write run on `port`: through pgfence refused with `code`, the row
-/// as it was; straight to Postgres (the control) no error, the row written, then put back.
-async fn verdict(f: &Fixture, port: u16, got: Vec<String>, code: &str) {
-    if port == f.proxy.port() {
-        assert_eq!(got, [code]);
-        assert_eq!(f.note().await.0, "init");
-    } else {
-        assert!(got.is_empty(), "{got:?}");
-        assert_eq!(f.note().await.0, "stale");
-        f.admin
-            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-            .await
-            .unwrap();
-    }
-}
-
 /// Sends `msgs` and a Sync; the SQLSTATEs of the errors up to ReadyForQuery.
 async fn run(s: &mut Raw, msgs: &[Vec<u8>]) -> Vec<String> {
     s.send(&[msgs.concat(), sync()].concat()).await;
@@ -137,7 +121,7 @@ async fn names_in_the_databases_own_encoding_are_the_bytes_sent() {
         assert!(run(&mut s, &[parse(&a, "SELECT 1")]).await.is_empty());
         assert!(run(&mut s, &[close(&c), parse(&b, STALE)]).await.is_empty());
         let got = run(&mut s, &[bind(b"", &a), execute(b"")]).await;
-        verdict(&f, port, got, "PF001").await;
+        f.verdict(port, got, "PF001").await;
     }
 }
 
@@ -156,7 +140,7 @@ async fn a_name_redefined_under_another_spelling_is_not_taken_for_what_it_was() 
         assert!(run(&mut s, &[close(utf8), parse(utf8, STALE)]).await.is_empty());
         s.simple("SET client_encoding = 'WIN1252'").await;
         let got = run(&mut s, &[bind(b"", latin), execute(b"")]).await;
-        verdict(&f, port, got, "PF004").await;
+        f.verdict(port, got, "PF004").await;
     }
 }
 
@@ -196,7 +180,7 @@ async fn a_name_sent_while_the_encoding_may_change_is_not_taken_for_another() {
         assert!(got.is_empty(), "{got:?}");
         s.simple("SET client_encoding = 'UTF8'").await;
         let got = run(&mut s, &[bind(b"", "é".as_bytes()), execute(b"")]).await;
-        verdict(&f, port, got, "PF004").await;
+        f.verdict(port, got, "PF004").await;
     }
 }
 
@@ -233,7 +217,7 @@ async fn a_portal_bound_under_a_name_pgfence_cannot_key_is_not_taken_for_an_unkn
             s.send(&run_it).await;
             let got = codes(&s.read_until(|m| m.tag == b'Z').await);
             s.simple("COMMIT").await;
-            verdict(&f, port, got, "PF004").await;
+            f.verdict(port, got, "PF004").await;
         }
     }
 }
@@ -250,7 +234,7 @@ async fn an_escaped_name_is_not_taken_for_the_bytes_it_reads_as() {
         let mut s = f.raw(port, "1", &[("client_encoding", "WIN1252")]).await;
         s.send(&query(&sql)).await;
         let got = codes(&s.read_until(|m| m.tag == b'Z').await);
-        verdict(&f, port, got, "PF004").await;
+        f.verdict(port, got, "PF004").await;
     }
 }
 

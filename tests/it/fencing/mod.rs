@@ -104,6 +104,28 @@ impl Fixture {
         raw
     }
 
+    /// The verdict on a stale write run on `port`: through pgfence refused with `code`, the
+    /// row as it was; straight to Postgres (the control) no error, the row written, then put
+    /// back.
+    pub async fn verdict(&self, port: u16, got: Vec<String>, code: &str) {
+        if port == self.proxy.port() {
+            assert_eq!(got, [code]);
+            assert_eq!(self.note().await.0, "init");
+        } else {
+            assert!(got.is_empty(), "{got:?}");
+            assert_eq!(self.note().await.0, "stale");
+            self.put_back().await;
+        }
+    }
+
+    /// Puts `sweep_state`'s row back as the seed has it, after a control run wrote it.
+    pub async fn put_back(&self) {
+        self.admin
+            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
+            .await
+            .unwrap();
+    }
+
     /// Rows in the unfenced `audit` table.
     pub async fn audit_rows(&self) -> i64 {
         self.admin

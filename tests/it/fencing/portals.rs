@@ -513,10 +513,7 @@ async fn what_an_execute_runs_by_name_is_followed_to_the_write() {
     ];
     for (what, setup, run) in &forms {
         for port in [f.proxy.port(), f.cluster.port()] {
-            f.admin
-                .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                .await
-                .unwrap();
+            f.put_back().await;
             let mut s = f.raw(port, "1", &[]).await;
             s.simple("BEGIN").await;
             for batch in setup {
@@ -625,10 +622,7 @@ async fn a_session_change_run_by_sql_execute_is_refused() {
     } in &scripts
     {
         for port in [f.proxy.port(), f.cluster.port()] {
-            f.admin
-                .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                .await
-                .unwrap();
+            f.put_back().await;
             let mut s = f.raw(port, epoch, &[]).await;
             for batch in setup {
                 s.send(batch).await;
@@ -971,10 +965,7 @@ async fn a_rebind_in_a_failed_batch_of_an_unseen_block_leaves_the_write_checked(
         let got = plan(&f, f.cluster.port(), "1", steps).await;
         assert_eq!(got, ["22012"], "{what}");
         assert_eq!(f.note().await.0, "stale", "{what}");
-        f.admin
-            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-            .await
-            .unwrap();
+        f.put_back().await;
     }
 }
 
@@ -1067,10 +1058,7 @@ async fn a_portal_bound_twice_in_vain_runs_its_first_write_checked() {
             } else {
                 assert!(!got.iter().any(|c| c.starts_with("PF")), "{what}: {got:?}");
                 assert_eq!(note, "stale", "{what}");
-                f.admin
-                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                    .await
-                    .unwrap();
+                f.put_back().await;
             }
         }
     }
@@ -1133,10 +1121,7 @@ async fn a_refused_rebind_changes_nothing_pgfence_follows() {
             } else {
                 assert_eq!(got, ["42P03"], "{new}");
                 assert_eq!(note, "stale", "{new}");
-                f.admin
-                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                    .await
-                    .unwrap();
+                f.put_back().await;
             }
         }
     }
@@ -1159,17 +1144,7 @@ async fn a_statement_named_transaction_ends_no_transaction() {
             s.send(&run).await;
             let got = codes(&s.read_until(|m| m.tag == b'Z').await);
             s.simple("COMMIT").await;
-            if port == f.proxy.port() {
-                assert_eq!(got, ["PF001"]);
-                assert_eq!(f.note().await.0, "init");
-            } else {
-                assert!(got.is_empty(), "{got:?}");
-                assert_eq!(f.note().await.0, "stale");
-                f.admin
-                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                    .await
-                    .unwrap();
-            }
+            f.verdict(port, got, "PF001").await;
         }
     }
 }
