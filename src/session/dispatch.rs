@@ -5,14 +5,13 @@
 //! declarations assume every SET sent so far will succeed; they are re-synced
 //! with what Postgres confirmed whenever nothing is in flight.
 
-use super::names::NameMap;
 use std::sync::Arc;
 
 use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::Declarations;
-use super::names;
+use super::names::{self, NameMap};
 use super::positions::SentText;
 use super::rewriting::RwStatement;
 use super::state::{

@@ -18,15 +18,13 @@
 //!   CopyDone or CopyFail: such a Sync gets no reply, so it is no unit.
 
 use std::collections::{HashMap, VecDeque};
-
-use super::names::NameMap;
 use std::sync::{Arc, LazyLock};
 
 use bytes::BytesMut;
 
 use super::context::DbFences;
 use super::declare::{Declarations, Scope};
-use super::names::Encoding;
+use super::names::{Encoding, NameMap};
 use super::positions::{Count, Positions};
 use crate::error::sqlstate;
 use crate::fence::epoch::Epoch;
