@@ -489,10 +489,26 @@ impl Dispatcher {
         if self.stands_alone(defs) {
             return as_is();
         }
-        // Several definitions, one of which looks up what it runs when it runs: what that is
-        // may change before then.
-        if defs.len() > 1 && defs.iter().any(|d| runs_by_name(&d.analysis)) {
-            return self.anything();
+        if defs.len() > 1 {
+            // Several definitions, one of which looks up what it runs when it runs: what that
+            // is may change before then.
+            if defs.iter().any(|d| runs_by_name(&d.analysis)) {
+                return self.anything();
+            }
+            // One of which changes the session's declarations: taking none of the changes
+            // would lose the one Postgres makes (a `SET`, a `ROLLBACK TO` that keeps what was
+            // declared before its savepoint, where its tag alone reads as a rollback). The
+            // others are safe to miss: a transaction's end is read from its tag, a statement
+            // prepared unseen is refused when run, one deallocated or a cursor closed unseen
+            // is only still guarded.
+            if defs.iter().any(|d| changes_declarations(&d.analysis)) {
+                let same = defs.windows(2).all(|w| same_kinds(&w[0].analysis, &w[1].analysis));
+                return if same {
+                    defs[0].analysis.clone()
+                } else {
+                    self.anything()
+                };
+            }
         }
         match self.definitions_need(shared, defs, batch, 1) {
             // One definition writes what its own kind says.
@@ -987,27 +1003,9 @@ impl Dispatcher {
     /// would lose track of a write (a portal forgotten, a statement's definition dropped):
     /// it may write any fence, so it is refused.
     fn either(&self, shared: &Shared, a: &Analysis, b: Arc<Analysis>) -> Arc<Analysis> {
-        let changes = |x: &Analysis| {
-            x.statements.iter().any(|s| {
-                matches!(
-                    s.kind,
-                    StmtKind::Declare(_)
-                        | StmtKind::EndTransaction { .. }
-                        | StmtKind::Savepoint(_)
-                        | StmtKind::Prepare { .. }
-                        | StmtKind::Deallocate { .. }
-                        | StmtKind::Close { .. }
-                )
-            })
-        };
-        let same = || {
-            a.statements
-                .iter()
-                .map(|s| &s.kind)
-                .eq(b.statements.iter().map(|s| &s.kind))
-        };
         // What a portal of `EXECUTE`/`FETCH` runs is looked up when it runs, not now.
-        if (changes(a) || changes(&b) || runs_by_name(a) || runs_by_name(&b)) && !same() {
+        let follows = |x: &Analysis| changes_followed(x) || runs_by_name(x);
+        if (follows(a) || follows(&b)) && !same_kinds(a, &b) {
             let anything = self.anything();
             if !anything.statements.is_empty() {
                 return anything;
@@ -1535,6 +1533,33 @@ fn changes_session(analysis: &Analysis) -> bool {
                 | StmtKind::EndTransaction { .. }
         )
     })
+}
+
+/// Whether `analysis` changes what pgfence follows of the session: what
+/// [`changes_session`] counts, and a cursor closed (SQL `CLOSE`).
+fn changes_followed(analysis: &Analysis) -> bool {
+    changes_session(analysis)
+        || analysis
+            .statements
+            .iter()
+            .any(|s| matches!(s.kind, StmtKind::Close { .. }))
+}
+
+/// Whether `analysis` changes the session's declarations: a declaration, or a savepoint
+/// command (a `ROLLBACK TO` undoes what was declared after its savepoint).
+fn changes_declarations(analysis: &Analysis) -> bool {
+    analysis
+        .statements
+        .iter()
+        .any(|s| matches!(s.kind, StmtKind::Declare(_) | StmtKind::Savepoint(_)))
+}
+
+/// Whether `a` and `b` are the same statements.
+fn same_kinds(a: &Analysis, b: &Analysis) -> bool {
+    a.statements
+        .iter()
+        .map(|s| &s.kind)
+        .eq(b.statements.iter().map(|s| &s.kind))
 }
 
 /// Whether `analysis` runs what a name holds when it runs: an SQL `EXECUTE` or `FETCH`/`MOVE`.

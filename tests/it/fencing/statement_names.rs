@@ -373,3 +373,81 @@ async fn an_execute_inside_a_text_taken_whole_is_refused() {
         }
     }
 }
+
+/// A Bind of a name whose re-Parse is still unanswered may run either definition. Where one
+/// of them changes what pgfence follows (a declaration, a `ROLLBACK TO`), taking neither
+/// change lost the one Postgres made: pgfence went on enforcing an epoch the session no
+/// longer had. Such a Bind's Execute is refused (PF004), and the epoch pgfence enforces is
+/// the one `SHOW` gives. The re-Parse's batch waits on an advisory lock another session
+/// holds until the Execute is sent.
+#[tokio::test]
+async fn a_bind_of_a_name_being_redefined_keeps_what_pgfence_follows() {
+    let f = Fixture::at_epoch_two().await;
+    let locker = f.direct().await;
+    // (the name, the new definition, in a block whose SET a savepoint keeps)
+    let cases = [
+        ("s", "SET pgfence.epoch = 1", false),
+        ("", "SET pgfence.epoch = 1", false),
+        ("s", "ROLLBACK TO SAVEPOINT sp", true),
+    ];
+    for (name, new, in_block) in cases {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let what = format!("{name:?} {new} {port}");
+            locker.batch_execute("SELECT pg_advisory_lock(4242)").await.unwrap();
+            let mut s = f.raw(port, "2", &[]).await;
+            if in_block {
+                for sql in ["BEGIN", "SET pgfence.epoch = 1", "SAVEPOINT sp"] {
+                    assert!(codes(&s.simple(sql).await).is_empty(), "{what}");
+                }
+            }
+            s.send(&[parse(name, "SELECT 1"), sync()].concat()).await;
+            s.read_until(|m| m.tag == b'Z').await;
+            let close = if name.is_empty() {
+                Vec::new()
+            } else {
+                close_statement(name)
+            };
+            let redefine = [
+                parse("z", "SELECT pg_advisory_xact_lock(4242)"),
+                bind("", "z", &[]),
+                execute(""),
+                close,
+                parse(name, new),
+                sync(),
+            ];
+            s.send(&[redefine.concat(), bind("", name, &[]), execute(""), sync()].concat())
+                .await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            locker.batch_execute("SELECT pg_advisory_unlock(4242)").await.unwrap();
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+            }
+            let shown = s.simple("SHOW pgfence.epoch").await;
+            let shown = shown
+                .iter()
+                .find(|m| m.tag == b'D')
+                .map(|m| String::from_utf8_lossy(&m.body[6..]).into_owned());
+            let wrote = codes(&s.simple(WRITE).await);
+            if in_block {
+                s.simple("COMMIT").await;
+            }
+            let note = f.note().await.0;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF004"], "{what}");
+                // What pgfence enforces is what Postgres shows, where a write can run.
+                match shown.as_deref() {
+                    Some("2") => assert!(wrote.is_empty(), "{what}: {wrote:?}"),
+                    Some(e) => panic!("{what}: SHOW gives {e}, pgfence enforced 2"),
+                    None => assert!(!wrote.is_empty(), "{what}: the block failed"),
+                }
+                assert_eq!(note == "stale", wrote.is_empty(), "{what}");
+            } else {
+                assert!(got.is_empty(), "{what}: {got:?}");
+                assert_eq!(shown.as_deref(), Some("1"), "{what}");
+                assert_eq!(note, "stale", "{what}");
+            }
+            f.put_back().await;
+        }
+    }
+}
