@@ -495,13 +495,13 @@ impl Dispatcher {
             if defs.iter().any(|d| runs_by_name(&d.analysis)) {
                 return self.anything();
             }
-            // One of which changes the session's declarations: taking none of the changes
-            // would lose the one Postgres makes (a `SET`, a `ROLLBACK TO` that keeps what was
-            // declared before its savepoint, where its tag alone reads as a rollback). The
-            // others are safe to miss: a transaction's end is read from its tag, a statement
-            // prepared unseen is refused when run, one deallocated or a cursor closed unseen
-            // is only still guarded.
-            if defs.iter().any(|d| changes_declarations(&d.analysis)) {
+            // One of which makes a change pgfence learns only from the statement: taking none
+            // of the changes would lose the one Postgres makes (a `SET`, a `ROLLBACK TO` that
+            // keeps what was declared before its savepoint, where its tag alone reads as a
+            // rollback, a `DEALLOCATE` and a `PREPARE` that put a write under a name pgfence
+            // takes for a read). A transaction's end is read from its tag, and a cursor
+            // closed unseen is only still guarded.
+            if defs.iter().any(|d| needs_its_effect(&d.analysis)) {
                 let same = defs.windows(2).all(|w| same_kinds(&w[0].analysis, &w[1].analysis));
                 return if same {
                     defs[0].analysis.clone()
@@ -1545,13 +1545,16 @@ fn changes_followed(analysis: &Analysis) -> bool {
             .any(|s| matches!(s.kind, StmtKind::Close { .. }))
 }
 
-/// Whether `analysis` changes the session's declarations: a declaration, or a savepoint
-/// command (a `ROLLBACK TO` undoes what was declared after its savepoint).
-fn changes_declarations(analysis: &Analysis) -> bool {
-    analysis
-        .statements
-        .iter()
-        .any(|s| matches!(s.kind, StmtKind::Declare(_) | StmtKind::Savepoint(_)))
+/// Whether `analysis` makes a change pgfence learns only from the statement, not from
+/// its command tag: a declaration, a savepoint command (a `ROLLBACK TO` undoes what was
+/// declared after its savepoint), a statement prepared or deallocated.
+fn needs_its_effect(analysis: &Analysis) -> bool {
+    analysis.statements.iter().any(|s| {
+        matches!(
+            s.kind,
+            StmtKind::Declare(_) | StmtKind::Savepoint(_) | StmtKind::Prepare { .. } | StmtKind::Deallocate { .. }
+        )
+    })
 }
 
 /// Whether `a` and `b` are the same statements.

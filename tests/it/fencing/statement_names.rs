@@ -393,36 +393,13 @@ async fn a_bind_of_a_name_being_redefined_keeps_what_pgfence_follows() {
     for (name, new, in_block) in cases {
         for port in [f.proxy.port(), f.cluster.port()] {
             let what = format!("{name:?} {new} {port}");
-            locker.batch_execute("SELECT pg_advisory_lock(4242)").await.unwrap();
             let mut s = f.raw(port, "2", &[]).await;
             if in_block {
                 for sql in ["BEGIN", "SET pgfence.epoch = 1", "SAVEPOINT sp"] {
                     assert!(codes(&s.simple(sql).await).is_empty(), "{what}");
                 }
             }
-            s.send(&[parse(name, "SELECT 1"), sync()].concat()).await;
-            s.read_until(|m| m.tag == b'Z').await;
-            let close = if name.is_empty() {
-                Vec::new()
-            } else {
-                close_statement(name)
-            };
-            let redefine = [
-                parse("z", "SELECT pg_advisory_xact_lock(4242)"),
-                bind("", "z", &[]),
-                execute(""),
-                close,
-                parse(name, new),
-                sync(),
-            ];
-            s.send(&[redefine.concat(), bind("", name, &[]), execute(""), sync()].concat())
-                .await;
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            locker.batch_execute("SELECT pg_advisory_unlock(4242)").await.unwrap();
-            let mut got = Vec::new();
-            for _ in 0..2 {
-                got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
-            }
+            let got = redefine_and_run(&mut s, &locker, name, new).await;
             let shown = s.simple("SHOW pgfence.epoch").await;
             let shown = shown
                 .iter()
@@ -447,6 +424,60 @@ async fn a_bind_of_a_name_being_redefined_keeps_what_pgfence_follows() {
                 assert_eq!(shown.as_deref(), Some("1"), "{what}");
                 assert_eq!(note, "stale", "{what}");
             }
+            f.put_back().await;
+        }
+    }
+}
+
+/// `name`, defined as `SELECT 1`, redefined as `new` in a batch held on an advisory lock
+/// that `locker` holds, and bound and executed in the batch after, sent while it waits;
+/// the error codes of both batches.
+async fn redefine_and_run(s: &mut Raw, locker: &tokio_postgres::Client, name: &str, new: &str) -> Vec<String> {
+    locker.batch_execute("SELECT pg_advisory_lock(4242)").await.unwrap();
+    s.send(&[parse(name, "SELECT 1"), sync()].concat()).await;
+    s.read_until(|m| m.tag == b'Z').await;
+    let wait = format!("wait_{name}");
+    let redefine = [
+        parse(&wait, "SELECT pg_advisory_xact_lock(4242)"),
+        bind("", &wait, &[]),
+        execute(""),
+        close_statement(name),
+        parse(name, new),
+        sync(),
+    ];
+    s.send(&[redefine.concat(), bind("", name, &[]), execute(""), sync()].concat())
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    locker.batch_execute("SELECT pg_advisory_unlock(4242)").await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.extend(codes(&s.read_until(|m| m.tag == b'Z').await));
+    }
+    got
+}
+
+/// The same with a `DEALLOCATE` of a read and a `PREPARE` of a stale write under its name,
+/// each run through a name being redefined: had pgfence missed both, it would take `x`
+/// for the read, and `EXECUTE` it unguarded. Through pgfence both Executes are refused
+/// (PF004), so `x` stays the read; straight to Postgres the stale write runs.
+#[tokio::test]
+async fn a_statement_prepared_through_a_name_being_redefined_is_not_missed() {
+    let f = Fixture::at_epoch_two().await;
+    let locker = f.direct().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "1", &[]).await;
+        assert!(codes(&s.simple("PREPARE x AS SELECT 1").await).is_empty());
+        let mut got = redefine_and_run(&mut s, &locker, "s", "DEALLOCATE x").await;
+        got.extend(redefine_and_run(&mut s, &locker, "t", &format!("PREPARE x AS {WRITE}")).await);
+        let ran = codes(&s.simple("EXECUTE x").await);
+        if port == f.proxy.port() {
+            assert_eq!(got, ["PF004", "PF004"]);
+            // Neither ran: x is still the read.
+            assert!(ran.is_empty(), "{ran:?}");
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(got.is_empty() && ran.is_empty(), "{got:?} {ran:?}");
+            assert_eq!(f.note().await.0, "stale");
             f.put_back().await;
         }
     }
