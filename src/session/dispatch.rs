@@ -495,13 +495,13 @@ impl Dispatcher {
             if defs.iter().any(|d| runs_by_name(&d.analysis)) {
                 return self.anything();
             }
-            // One of which makes a change pgfence learns only from the statement: taking none
-            // of the changes would lose the one Postgres makes (a `SET`, a `ROLLBACK TO` that
-            // keeps what was declared before its savepoint, where its tag alone reads as a
-            // rollback, a `DEALLOCATE` and a `PREPARE` that put a write under a name pgfence
-            // takes for a read). A transaction's end is read from its tag, and a cursor
-            // closed unseen is only still guarded.
-            if defs.iter().any(|d| needs_its_effect(&d.analysis)) {
+            // One of which makes a change pgfence must know of before Postgres answers:
+            // taking none of the changes would lose the one Postgres makes (a `SET`, a
+            // `ROLLBACK TO` that keeps what was declared before its savepoint, where its tag
+            // alone reads as a rollback, a `DEALLOCATE` and a `PREPARE` that put a write under
+            // a name pgfence takes for a read, a transaction's end that what is pipelined
+            // behind runs after). A cursor closed unseen is only still guarded.
+            if defs.iter().any(|d| changes_session(&d.analysis)) {
                 let same = defs.windows(2).all(|w| same_kinds(&w[0].analysis, &w[1].analysis));
                 return if same {
                     defs[0].analysis.clone()
@@ -1543,18 +1543,6 @@ fn changes_followed(analysis: &Analysis) -> bool {
             .statements
             .iter()
             .any(|s| matches!(s.kind, StmtKind::Close { .. }))
-}
-
-/// Whether `analysis` makes a change pgfence learns only from the statement, not from
-/// its command tag: a declaration, a savepoint command (a `ROLLBACK TO` undoes what was
-/// declared after its savepoint), a statement prepared or deallocated.
-fn needs_its_effect(analysis: &Analysis) -> bool {
-    analysis.statements.iter().any(|s| {
-        matches!(
-            s.kind,
-            StmtKind::Declare(_) | StmtKind::Savepoint(_) | StmtKind::Prepare { .. } | StmtKind::Deallocate { .. }
-        )
-    })
 }
 
 /// Whether `a` and `b` are the same statements.

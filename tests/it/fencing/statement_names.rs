@@ -375,8 +375,8 @@ async fn an_execute_inside_a_text_taken_whole_is_refused() {
 }
 
 /// A Bind of a name whose re-Parse is still unanswered may run either definition. Where one
-/// of them changes what pgfence follows (a declaration, a `ROLLBACK TO`), taking neither
-/// change lost the one Postgres made: pgfence went on enforcing an epoch the session no
+/// of them changes what pgfence follows (a declaration, a `ROLLBACK TO`, a `ROLLBACK`),
+/// taking neither change lost the one Postgres made: pgfence went on enforcing an epoch the session no
 /// longer had. Such a Bind's Execute is refused (PF004), and the epoch pgfence enforces is
 /// the one `SHOW` gives. The re-Parse's batch waits on an advisory lock another session
 /// holds until the Execute is sent.
@@ -384,13 +384,15 @@ async fn an_execute_inside_a_text_taken_whole_is_refused() {
 async fn a_bind_of_a_name_being_redefined_keeps_what_pgfence_follows() {
     let f = Fixture::at_epoch_two().await;
     let locker = f.direct().await;
-    // (the name, the new definition, in a block whose SET a savepoint keeps)
+    // (the name, the new definition, in a block whose SET a savepoint keeps, the epoch
+    // Postgres then shows)
     let cases = [
-        ("s", "SET pgfence.epoch = 1", false),
-        ("", "SET pgfence.epoch = 1", false),
-        ("s", "ROLLBACK TO SAVEPOINT sp", true),
+        ("s", "SET pgfence.epoch = 1", false, "1"),
+        ("", "SET pgfence.epoch = 1", false, "1"),
+        ("s", "ROLLBACK TO SAVEPOINT sp", true, "1"),
+        ("s", "ROLLBACK", true, "2"),
     ];
-    for (name, new, in_block) in cases {
+    for (name, new, in_block, then) in cases {
         for port in [f.proxy.port(), f.cluster.port()] {
             let what = format!("{name:?} {new} {port}");
             let mut s = f.raw(port, "2", &[]).await;
@@ -421,7 +423,7 @@ async fn a_bind_of_a_name_being_redefined_keeps_what_pgfence_follows() {
                 assert_eq!(note == "stale", wrote.is_empty(), "{what}");
             } else {
                 assert!(got.is_empty(), "{what}: {got:?}");
-                assert_eq!(shown.as_deref(), Some("1"), "{what}");
+                assert_eq!(shown.as_deref(), Some(then), "{what}");
                 assert_eq!(note, "stale", "{what}");
             }
             f.put_back().await;
