@@ -497,10 +497,7 @@ async fn a_pipeline_of_batches_with_a_declaration_runs_as_sent() {
             assert!(got.is_empty(), "{port}: {sql}: {got:?}");
         }
         assert_eq!(f.note().await.0, "two");
-        f.admin
-            .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-            .await
-            .unwrap();
+        f.put_back().await;
     }
 }
 
@@ -663,10 +660,7 @@ async fn a_declaration_kept_by_its_implicit_transaction_outlives_a_pipelined_rol
     ];
     for (i, c) in cases.into_iter().enumerate() {
         for port in [f.proxy.port(), f.cluster.port()] {
-            f.admin
-                .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                .await
-                .unwrap();
+            f.put_back().await;
             let mut params = vec![("user", "postgres"), ("database", f.db.as_str())];
             params.extend(c.startup.map(|e| ("pgfence.epoch", e)));
             let (mut s, _) = Raw::startup(port, &params).await;

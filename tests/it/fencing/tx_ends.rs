@@ -178,10 +178,7 @@ async fn the_transaction_after_a_commit_inside_do_or_call_is_checked_again() {
             } else {
                 assert!(got.is_empty(), "{ends}: {got:?}");
                 assert_eq!(f.note().await.0, "stale", "{ends}");
-                f.admin
-                    .batch_execute("UPDATE sweep_state SET note = 'init' WHERE id = 1")
-                    .await
-                    .unwrap();
+                f.put_back().await;
             }
         }
     }
