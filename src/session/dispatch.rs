@@ -87,8 +87,6 @@ pub struct Dispatcher {
     pub(super) rw_serial: u64,
     /// The session's `standard_conforming_strings`, for rewriting.
     pub(super) scs: bool,
-    /// Client statement names whose text (at their last Parse) opens a transaction block.
-    begin_statements: NameMap<()>,
     /// Postgres is outside an explicit transaction block, as far as what was sent since it
     /// last said so tells: then a Query, or what runs up to a Sync, is an implicit
     /// transaction, and the declarations made in it are kept at its end (unless it fails).
@@ -175,7 +173,6 @@ impl Dispatcher {
             speculative: declared,
             rw_statements: NameMap::default(),
             scs: true,
-            begin_statements: NameMap::default(),
             outside_block: true,
             block_failed: false,
             doomed: false,
@@ -456,7 +453,7 @@ impl Dispatcher {
         if name == names::UNCERTAIN {
             self.poison_statements(shared);
         }
-        let defined = shared.define(name, batch, Arc::new(Analysis::of_kind(inner.as_ref().clone())));
+        let defined = shared.define(name, batch, Arc::new(Analysis::of_kind(inner.as_ref().clone())), false);
         Some(Effect::Prepared(defined))
     }
 
@@ -809,7 +806,7 @@ impl Dispatcher {
         if let Some(r) = self.unreadable(shared, sql, shared.unsynced) {
             self.rw_statements.remove(name);
             // The statement sent raises PF004 itself.
-            let defined = shared.define(name, self.batch, Arc::default());
+            let defined = shared.define(name, self.batch, Arc::default(), false);
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
@@ -819,7 +816,7 @@ impl Dispatcher {
             .unwrap_or_else(|| self.fences.analyze_parse(sql, scs));
         if !exact && let Some(r) = self.lossy(&analysis) {
             self.rw_statements.remove(name);
-            let defined = shared.define(name, self.batch, Arc::default());
+            let defined = shared.define(name, self.batch, Arc::default(), false);
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
             return Some(raise_block(&r));
         }
@@ -828,11 +825,7 @@ impl Dispatcher {
         // later round trip: its Bind counts as a BEGIN too.
         // Its statements as Postgres splits them (`;BEGIN` is a BEGIN).
         let spans = analysis.statements.iter().map(|st| st.span.clone());
-        if self.any_begins(sql, spans) || analysis.uncertain {
-            self.begin_statements.insert(name, ());
-        } else if !self.begin_statements.is_empty() {
-            self.begin_statements.remove(name);
-        }
+        let begins = self.any_begins(sql, spans) || analysis.uncertain;
         // Under a name pgfence cannot key, a rewrite could be re-prepared under another.
         let mut replacement = if name == names::UNCERTAIN {
             self.rw_statements.remove(name);
@@ -848,7 +841,7 @@ impl Dispatcher {
                 }
             }
         }
-        let defined = shared.define(name, self.batch, analysis);
+        let defined = shared.define(name, self.batch, analysis, begins);
         if let Some(rw) = self.rw_statements.get_mut(name) {
             rw.last.id = defined.id;
         }
@@ -861,7 +854,9 @@ impl Dispatcher {
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
         self.bound_unsynced = true;
-        if !self.begin_statements.is_empty() && self.begin_statements.contains_key(statement) {
+        // Any definition Postgres may hold under the name: one whose Parse is refused or
+        // skipped leaves the one before.
+        if self.candidates(shared, statement, self.batch).iter().any(|d| d.begins) {
             self.outside_block = false;
         }
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
@@ -1283,7 +1278,8 @@ impl Dispatcher {
             .map(str::to_owned)
             .collect();
         for key in keys {
-            shared.define(&key, self.batch, anything.clone());
+            // What Postgres holds under the name may be a `BEGIN` too.
+            shared.define(&key, self.batch, anything.clone(), true);
         }
         self.rw_statements.retain(|k, _| !names::not_ascii(k));
     }

@@ -417,7 +417,7 @@ impl Dispatcher {
             shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
             parse_raw(out, &rw.wire, &sql, &params);
             // A definition of the name like the client's: confirming it drops the older ones.
-            let defined = shared.define(statement, self.batch, analysis);
+            let defined = shared.define(statement, self.batch, analysis, false);
             let id = defined.id;
             shared.pending.push_back(Unit::Parse(
                 Some(Injected::Reprepare),

@@ -213,6 +213,9 @@ pub struct Definition {
     pub analysis: Arc<Analysis>,
     /// It stands for several definitions merged (`MAX_DEFINITIONS`).
     pub merged: bool,
+    /// Its text opens a transaction block (a `BEGIN` or `START TRANSACTION`), or may: a
+    /// Bind of it counts as a `BEGIN`. Merged definitions begin if any of them did.
+    pub begins: bool,
 }
 
 /// At most this many unconfirmed definitions are kept per name; beyond, the name may
@@ -970,8 +973,9 @@ impl Shared {
     /// A definition of a client statement name, sent now; returns its number. Past
     /// `MAX_DEFINITIONS` unconfirmed ones, the older ones become a single definition
     /// that may write any fence (`Unanalysable` with no fences listed), numbered as the
-    /// newest of them so that confirming any of them keeps it.
-    pub fn define(&mut self, name: &str, batch: u64, analysis: Arc<Analysis>) -> Defined {
+    /// newest of them so that confirming any of them keeps it. `begins`: see
+    /// [`Definition::begins`].
+    pub fn define(&mut self, name: &str, batch: u64, analysis: Arc<Analysis>, begins: bool) -> Defined {
         self.defined += 1;
         let id = self.defined;
         let defs = self.statements.get_or_default(name);
@@ -979,12 +983,14 @@ impl Shared {
             && let Some(newest) = defs.last().map(|d| (d.id, d.batch))
         {
             let anything = StmtKind::Unanalysable { fences: Vec::new() };
+            let any_begins = defs.iter().any(|d| d.begins);
             defs.clear();
             defs.push(Definition {
                 id: newest.0,
                 batch: newest.1,
                 analysis: Arc::new(Analysis::of_kind(anything)),
                 merged: true,
+                begins: any_begins,
             });
         }
         defs.push(Definition {
@@ -992,6 +998,7 @@ impl Shared {
             batch,
             analysis,
             merged: false,
+            begins,
         });
         Defined {
             name: name.to_owned(),

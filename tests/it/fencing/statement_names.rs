@@ -484,3 +484,60 @@ async fn a_statement_prepared_through_a_name_being_redefined_is_not_missed() {
         }
     }
 }
+
+/// A Parse of a `BEGIN` statement's name that Postgres refuses (42P05) or skips after an
+/// error leaves the name a `BEGIN`: a Bind of it opens a block, so a `SET` run in it is
+/// undone by the `ROLLBACK` after, and the stale write that follows is refused. Taking
+/// the name for the refused text would keep the `SET` as if committed and pass the write
+/// at the epoch rolled back; straight to Postgres (the control) the stale write lands.
+#[tokio::test]
+async fn a_begin_name_stays_a_begin_until_its_redefinition_is_answered() {
+    let f = Fixture::at_epoch_two().await;
+    let refused = vec![parse("b", "SELECT 1"), sync()];
+    let skipped = vec![
+        bind("", "nosuch", &[]),
+        close_statement("b"),
+        parse("b", "SELECT 1"),
+        sync(),
+    ];
+    for (how, redefine, code) in [("refused", refused, "42P05"), ("skipped", skipped, "26000")] {
+        for pipelined in [false, true] {
+            for port in [f.proxy.port(), f.cluster.port()] {
+                let what = format!(
+                    "{how}, pipelined: {pipelined}, through pgfence: {}",
+                    port == f.proxy.port()
+                );
+                let mut s = stale(&f, port).await;
+                assert_eq!(
+                    run(&mut s, &[parse("b", "BEGIN"), sync()], 1).await,
+                    [Vec::<String>::new()]
+                );
+                let block = vec![
+                    bind("", "b", &[]),
+                    execute(""),
+                    parse("", "SET pgfence.epoch = 2"),
+                    bind("", "", &[]),
+                    execute(""),
+                    sync(),
+                    q("ROLLBACK"),
+                    q(WRITE),
+                ];
+                let got = if pipelined {
+                    run(&mut s, &[redefine.clone(), block].concat(), 4).await
+                } else {
+                    let mut got = run(&mut s, &redefine, 1).await;
+                    got.extend(run(&mut s, &block, 3).await);
+                    got
+                };
+                let (wrote, note) = if port == f.proxy.port() {
+                    (vec!["PF001".to_owned()], "init")
+                } else {
+                    (vec![], "stale")
+                };
+                assert_eq!(got, [vec![code.to_owned()], vec![], vec![], wrote], "{what}");
+                assert_eq!(f.note().await.0, note, "{what}");
+                f.put_back().await;
+            }
+        }
+    }
+}
