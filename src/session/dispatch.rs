@@ -259,12 +259,12 @@ impl Dispatcher {
             }
         }
         if analysis.is_plain() {
-            // A transaction's end drops the portals bound in it, when there are any.
-            let drops_portals = !shared.portals.is_empty()
-                && analysis
-                    .statements
-                    .iter()
-                    .any(|s| matches!(s.kind, StmtKind::EndTransaction { .. }));
+            // A transaction's end drops the portals bound in it, when there are any; the
+            // answer to a PREPARE TRANSACTION is read by what it is (`Effect::PortalsGone`).
+            let drops_portals = analysis.statements.iter().any(|s| match s.kind {
+                StmtKind::EndTransaction { two_phase, .. } => two_phase || !shared.portals.is_empty(),
+                _ => false,
+            });
             let mut parts = Vec::new();
             for stmt in &analysis.statements {
                 self.speculate_begin(sql, &stmt.span);
@@ -1357,7 +1357,7 @@ impl Dispatcher {
     /// or pipeline: its settings changes commit or roll back with it, as it says (Postgres'
     /// answer settles it once nothing is in flight, see `resync`).
     fn speculate_end(&mut self, kind: &StmtKind) {
-        if let StmtKind::EndTransaction { commit, chain } = kind {
+        if let StmtKind::EndTransaction { commit, chain, .. } = kind {
             if *chain && self.outside_block {
                 // Refused outside a block: the implicit transaction fails with it.
                 self.doomed = true;
@@ -1504,15 +1504,16 @@ fn uncertain_portal(shared: &Shared, name: &str) -> bool {
 /// every one Postgres holds for `CLOSE ALL` and at the end of a transaction (portals the
 /// protocol binds are never holdable). Binds sent after it are not touched.
 fn note_portals_gone(shared: &Shared, kind: &StmtKind) -> Option<Effect> {
-    let portal = match kind {
+    let (portal, two_phase) = match kind {
         StmtKind::Close { portal: Some(name) } if name == names::UNCERTAIN => return None,
-        StmtKind::Close { portal } => portal.clone(),
-        StmtKind::EndTransaction { .. } => None,
+        StmtKind::Close { portal } => (portal.clone(), false),
+        StmtKind::EndTransaction { two_phase, .. } => (None, *two_phase),
         _ => return None,
     };
     Some(Effect::PortalsGone {
         portal,
         upto: shared.binds,
+        two_phase,
     })
 }
 

@@ -170,6 +170,8 @@ pub enum Effect {
         portal: Option<String>,
         /// The last Bind sent before the statement.
         upto: u64,
+        /// The statement is `PREPARE TRANSACTION` (see `Shared::on_command_tag`).
+        two_phase: bool,
     },
 }
 
@@ -888,6 +890,11 @@ impl Shared {
     /// effect says (all of them when pgfence did not know the statement for one).
     fn on_command_tag(&mut self, command: &[u8], effect: Option<&Effect>) {
         let to_savepoint = matches!(effect, Some(Effect::Savepoint(SavepointOp::RollbackTo(_))));
+        // A PREPARE TRANSACTION answers ROLLBACK where the block failed (it rolled back)
+        // and where none was open: Postgres then warns and commits the implicit
+        // transaction. A failed block was reported (`E`) before anything more ran in it.
+        let committed_implicit =
+            matches!(effect, Some(Effect::PortalsGone { two_phase: true, .. })) && self.tx_status != b'E';
         if matches!(command, b"COMMIT" | b"PREPARE TRANSACTION" | b"ROLLBACK") && self.tx_status == b'E' {
             // No longer aborted, though the next ReadyForQuery may be far (a Flush instead
             // of a Sync): in a transaction (a chained one, or back at a savepoint) or idle.
@@ -896,6 +903,7 @@ impl Shared {
         match command {
             b"COMMIT" | b"PREPARE TRANSACTION" => self.end_transaction(true),
             b"ROLLBACK" if to_savepoint => self.guarded = None,
+            b"ROLLBACK" if committed_implicit => self.end_transaction(true),
             b"ROLLBACK" => self.end_transaction(false),
             // A procedure or DO block may have committed or rolled back inside (an Execute
             // outside a block): the guard's locks may be gone.
@@ -938,10 +946,11 @@ impl Shared {
             Effect::PortalsGone {
                 portal: Some(name),
                 upto,
+                ..
             } if self.portals.get(name).is_some_and(|e| e.bind <= *upto) => {
                 self.portals.remove(name);
             }
-            Effect::PortalsGone { portal: None, upto } => self.portals.retain(|_, e| e.bind > *upto),
+            Effect::PortalsGone { portal: None, upto, .. } => self.portals.retain(|_, e| e.bind > *upto),
             _ => {}
         }
         effect.apply_to(&mut self.declared);
@@ -1336,6 +1345,7 @@ mod tests {
             let gone = Effect::PortalsGone {
                 portal: portal.map(str::to_owned),
                 upto: 1,
+                two_phase: false,
             };
             st.pending.push_back(Unit::Execute(None, Some(gone)));
             st.on_server_message(b'C', Some(tag));

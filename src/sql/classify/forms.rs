@@ -136,6 +136,7 @@ impl Ctx<'_> {
                 return StmtKind::EndTransaction {
                     commit: true,
                     chain: false,
+                    two_phase: true,
                 };
             }
         }
@@ -169,6 +170,7 @@ impl Ctx<'_> {
         StmtKind::EndTransaction {
             commit: first != "abort",
             chain: and_chain(&mut c),
+            two_phase: false,
         }
     }
 
@@ -191,6 +193,7 @@ impl Ctx<'_> {
                     return StmtKind::EndTransaction {
                         commit: false,
                         chain: and_chain(&mut c),
+                        two_phase: false,
                     };
                 }
                 SavepointOp::RollbackTo

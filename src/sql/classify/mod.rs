@@ -145,6 +145,9 @@ pub enum StmtKind {
         commit: bool,
         /// `AND CHAIN`: a new transaction block starts at once.
         chain: bool,
+        /// `PREPARE TRANSACTION`: where no block is open, Postgres commits the implicit
+        /// transaction and answers `ROLLBACK`.
+        two_phase: bool,
     },
 }
 

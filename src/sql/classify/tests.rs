@@ -43,8 +43,12 @@ fn render(k: &StmtKind) -> String {
                 .join(",")
         ),
         StmtKind::Savepoint(op) => format!("{op:?}"),
-        StmtKind::EndTransaction { commit: true, chain } => format!("end:commit{}", chain_suffix(*chain)),
-        StmtKind::EndTransaction { commit: false, chain } => format!("end:rollback{}", chain_suffix(*chain)),
+        StmtKind::EndTransaction {
+            commit: true, chain, ..
+        } => format!("end:commit{}", chain_suffix(*chain)),
+        StmtKind::EndTransaction {
+            commit: false, chain, ..
+        } => format!("end:rollback{}", chain_suffix(*chain)),
     }
 }
 

@@ -223,3 +223,58 @@ async fn the_transaction_after_a_suspended_call_that_commits_is_checked_again() 
         }
     }
 }
+
+/// `PREPARE TRANSACTION` where no block is open: Postgres warns, answers with the tag
+/// `ROLLBACK`, and commits the implicit transaction, so a `SET` or `RESET` of the epoch
+/// before it stays: in the same batch, or run by an Execute still waiting for its Sync
+/// when the `PREPARE TRANSACTION` comes as a Query (also once a Flush answered the portal's
+/// Close, so that no portal is left for the transaction's end to drop). pgfence follows it: the session's next
+/// write is checked at the epoch Postgres shows (here stale, PF001, or none, PF002).
+/// Reading the tag as a rollback kept the epoch from before; straight to Postgres (the
+/// control) the write lands.
+#[tokio::test]
+async fn a_prepare_transaction_outside_a_block_keeps_what_was_declared_before_it() {
+    use crate::common::raw::{Raw, bind, codes, execute, message, parse, query, sync};
+    let f = Fixture::at_epoch_two().await;
+    let prepare = "PREPARE TRANSACTION 'g'";
+    for (change, refused) in [("SET pgfence.epoch = 1", "PF001"), ("RESET pgfence.epoch", "PF002")] {
+        let change_then = [parse("", change), bind("", "", &[]), execute("")].concat();
+        let ways = [
+            (
+                "in one batch",
+                [parse("", prepare), bind("", "", &[]), execute(""), sync()].concat(),
+            ),
+            ("as a Query", query(prepare)),
+            ("as a Query after the portal's Close", query(prepare)),
+        ];
+        for (how, then) in ways {
+            for port in [f.proxy.port(), f.cluster.port()] {
+                let what = format!("{change}, {how}, through pgfence: {}", port == f.proxy.port());
+                // Declared by `SET`, which `RESET` undoes (a startup value is what it returns to).
+                let params = [("user", "postgres"), ("database", f.db.as_str())];
+                let (mut s, _) = Raw::startup(port, &params).await;
+                assert!(codes(&s.simple("SET pgfence.epoch = 2").await).is_empty(), "{what}");
+                if how.ends_with("Close") {
+                    let (close, flush) = (message(b'C', b"P\0"), message(b'H', b""));
+                    s.send(&[change_then.clone(), close, flush].concat()).await;
+                    s.read_until(|m| m.tag == b'3').await;
+                    s.send(&then).await;
+                } else {
+                    s.send(&[change_then.clone(), then.clone()].concat()).await;
+                }
+                // Only the warning that no transaction is in progress.
+                let answer = s.read_until(|m| m.tag == b'Z').await;
+                assert_eq!(codes(&answer), ["25P01"], "{what}");
+                let wrote = codes(&s.simple(WRITE).await);
+                if port == f.proxy.port() {
+                    assert_eq!(wrote, [refused], "{what}");
+                    assert_eq!(f.note().await.0, "init", "{what}");
+                } else {
+                    assert!(wrote.is_empty(), "{what}: {wrote:?}");
+                    assert_eq!(f.note().await.0, "stale", "{what}");
+                    f.put_back().await;
+                }
+            }
+        }
+    }
+}
