@@ -77,9 +77,18 @@ impl Need {
 /// write any fence.
 const MAX_NESTING: usize = 8;
 
+/// How many steps (an SQL `EXECUTE` or `FETCH`/`MOVE` followed) one decision may take over
+/// every definition and portal a chain may reach; beyond, it may write any fence. The
+/// chains branch (several unconfirmed definitions of a name, several names in one `FETCH`,
+/// several unanswered Binds of a portal), so without a bound one statement could keep the
+/// thread every session shares busy for hours.
+const MAX_STEPS: u32 = 512;
+
 /// The client-side half of a session.
 pub struct Dispatcher {
     pub(super) fences: Arc<DbFences>,
+    /// Steps taken by the decision being made ([`MAX_STEPS`]).
+    steps: std::cell::Cell<u32>,
     pub(super) speculative: Declarations,
     /// Client statements that write rewrite-mode tables, by name.
     pub(super) rw_statements: NameMap<RwStatement>,
@@ -170,6 +179,7 @@ impl Dispatcher {
     pub fn new(fences: Arc<DbFences>, declared: Declarations) -> Self {
         Self {
             fences,
+            steps: std::cell::Cell::new(0),
             speculative: declared,
             rw_statements: NameMap::default(),
             scs: true,
@@ -507,6 +517,7 @@ impl Dispatcher {
                 };
             }
         }
+        self.steps.set(0);
         match self.definitions_need(shared, defs, batch, 1) {
             // One definition writes what its own kind says.
             Need::Write(_) if defs.len() <= 1 => as_is(),
@@ -1006,6 +1017,12 @@ impl Dispatcher {
                 return anything;
             }
         }
+        // The same `EXECUTE`/`FETCH` either way: looked up when it runs. Decided now, it would
+        // keep what the name runs now (a write to one fence) after the name changes.
+        if runs_by_name(&b) && same_kinds(a, &b) && a.uncertain == b.uncertain {
+            return b;
+        }
+        self.steps.set(0);
         let need = |x: &Analysis| match x.statements.as_slice() {
             [] => Need::None,
             [stmt] => self.run_need(shared, &stmt.kind, self.batch, 1),
@@ -1159,6 +1176,7 @@ impl Dispatcher {
 
     /// What a statement needs, following what it runs (see [`Self::run_need`]).
     fn need(&self, shared: &Shared, kind: &StmtKind, batch: u64) -> Need {
+        self.steps.set(0);
         self.run_need(shared, kind, batch, 0)
     }
 
@@ -1166,10 +1184,17 @@ impl Dispatcher {
     /// `EXECUTE` to every definition Postgres may hold under the name, SQL `FETCH`/`MOVE` to
     /// the statement of every portal it may name, and on from there (a prepared `EXECUTE`
     /// or `FETCH`, an `EXPLAIN ANALYZE EXECUTE`), `depth` being the steps taken so far:
-    /// beyond [`MAX_NESTING`] it may write any fence. Reached by a step, a write to a
+    /// beyond [`MAX_NESTING`] it may write any fence, as past [`MAX_STEPS`] in all. Reached by a step, a write to a
     /// rewrite-mode table counts as unanalysable: it runs as it was prepared or bound, and
     /// pgfence rewrites only the statements run directly.
     fn run_need(&self, shared: &Shared, kind: &StmtKind, batch: u64, depth: usize) -> Need {
+        if matches!(kind, StmtKind::Execute { .. } | StmtKind::Fetch { .. }) {
+            let steps = self.steps.get() + 1;
+            self.steps.set(steps);
+            if steps > MAX_STEPS {
+                return Need::Unanalysable(Vec::new());
+            }
+        }
         match kind {
             StmtKind::Write { fences, .. } if depth > 0 && self.any_rewrite(fences) => {
                 Need::Unanalysable(fences.clone())

@@ -1148,3 +1148,101 @@ async fn a_statement_named_transaction_ends_no_transaction() {
         }
     }
 }
+
+/// A portal Postgres dropped (at `ROLLBACK TO SAVEPOINT`) that pgfence still counts, bound
+/// again to the same `EXECUTE w`: what it runs is looked up when it runs, after `w` was
+/// prepared again as a write to another fence's table. The session declared an epoch for
+/// the first fence only, so the write is refused (PF002), by SQL `FETCH` and by Execute
+/// alike. Deciding it at the Bind kept it a write to the first fence, whose guard passed;
+/// straight to Postgres (the control) the write lands.
+#[tokio::test]
+async fn a_portal_bound_again_to_an_execute_runs_what_the_name_holds_then() {
+    use crate::common::pg::Cluster;
+    let toml = format!(
+        "{}[[fence]]\nname = \"other\"\ntables = [\"audit\"]\n",
+        super::fence_toml()
+    );
+    let f = Fixture::with(Cluster::shared(), &toml).await;
+    let e = f.takeover("a").await.to_string();
+    let runs = [
+        ("FETCH", query("FETCH ALL IN p")),
+        ("Execute", [execute("p"), sync()].concat()),
+    ];
+    for (how, run) in runs {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let what = format!("{how}, through pgfence: {}", port == f.proxy.port());
+            let mut s = f.raw(port, &e, &[("pgfence.fence", "sweeper")]).await;
+            for sql in [
+                "PREPARE w AS UPDATE sweep_state SET note = 'a' WHERE id = 1 RETURNING id",
+                "BEGIN",
+                "SAVEPOINT sp",
+            ] {
+                assert!(codes(&s.simple(sql).await).is_empty(), "{what}: {sql}");
+            }
+            s.send(&[parse("s", "EXECUTE w"), bind("p", "s", &[]), sync()].concat())
+                .await;
+            assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "12Z", "{what}");
+            assert!(codes(&s.simple("ROLLBACK TO SAVEPOINT sp").await).is_empty(), "{what}");
+            s.send(&[bind("p", "s", &[]), sync()].concat()).await;
+            assert_eq!(tags(&s.read_until(|m| m.tag == b'Z').await), "2Z", "{what}");
+            for sql in [
+                "DEALLOCATE w",
+                "PREPARE w AS INSERT INTO audit (note) VALUES ('undeclared') RETURNING id",
+            ] {
+                assert!(codes(&s.simple(sql).await).is_empty(), "{what}: {sql}");
+            }
+            s.send(&run).await;
+            let got = codes(&s.read_until(|m| m.tag == b'Z').await);
+            s.simple("COMMIT").await;
+            if port == f.proxy.port() {
+                assert_eq!(got, ["PF002"], "{what}");
+                assert_eq!(f.audit_rows().await, 0, "{what}");
+            } else {
+                assert!(got.is_empty(), "{what}: {got:?}");
+                assert_eq!(f.audit_rows().await, 1, "{what}");
+                f.admin.batch_execute("DELETE FROM audit").await.unwrap();
+            }
+        }
+    }
+}
+
+/// Chains that branch at every step cost a bounded number of steps to decide. Each name
+/// below may stand for several statements still unanswered (a portal bound to a `FETCH`
+/// naming itself many times, a name parsed again and again as `EXECUTE` of itself);
+/// followed to every end, one statement would keep the proxy's thread busy for hours,
+/// stalling every session. It is decided (refused, or failed as Postgres fails it) at
+/// once, and another session goes on.
+#[tokio::test]
+async fn a_branching_chain_is_decided_in_bounded_time() {
+    let f = Fixture::at_epoch_two().await;
+    let fetch_self = format!("FETCH {}", vec!["a"; 16].join(" "));
+    let execute_self: Vec<u8> = (0..8)
+        .flat_map(|_| [parse("w", "EXECUTE w"), sync()].concat())
+        .collect();
+    let cases = [
+        (
+            "FETCH",
+            [parse("s", &fetch_self), bind("a", "s", &[]), sync()].concat(),
+            1,
+            "FETCH a".to_owned(),
+        ),
+        ("EXECUTE", execute_self, 8, vec!["EXECUTE w"; 20].join("; ")),
+    ];
+    for (how, in_flight, answers, run) in cases {
+        let mut s = f.raw(f.proxy.port(), "2", &[]).await;
+        let started = [query("BEGIN"), query("SELECT pg_sleep(0.2)"), in_flight, query(&run)].concat();
+        s.send(&started).await;
+        let mut got = Vec::new();
+        for _ in 0..answers + 3 {
+            let answer = s.read_until(|m| m.tag == b'Z').await;
+            assert_eq!(answer.last().map(|m| m.tag), Some(b'Z'), "{how}: {got:?}");
+            got.push(codes(&answer));
+        }
+        // The chain is refused, or fails as straight to Postgres; nothing ran.
+        assert!(!got[answers + 2].is_empty(), "{how}: {got:?}");
+        s.simple("ROLLBACK").await;
+        let other = f.session("").await;
+        other.simple_query("SELECT 1").await.unwrap();
+    }
+    assert_eq!(f.note().await.0, "init");
+}
