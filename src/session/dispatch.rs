@@ -1205,10 +1205,10 @@ impl Dispatcher {
             StmtKind::Execute { name } => {
                 let defs = self.candidates(shared, name, batch);
                 // A statement that changes the session (a declaration, a statement name, a
-                // savepoint, the transaction) prepared with the protocol and run by SQL
-                // `EXECUTE`: Postgres applies it, while pgfence, which sees an EXECUTE,
-                // would not.
-                if defs.iter().any(|d| changes_session(&d.analysis)) {
+                // savepoint, the transaction, a `BEGIN`) prepared with the protocol and run
+                // by SQL `EXECUTE`: Postgres applies it, while pgfence, which sees an
+                // EXECUTE, would not.
+                if defs.iter().any(|d| d.begins || changes_session(&d.analysis)) {
                     return Need::Unanalysable(Vec::new());
                 }
                 self.definitions_need(shared, defs, batch, depth + 1)

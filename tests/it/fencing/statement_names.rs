@@ -541,3 +541,54 @@ async fn a_begin_name_stays_a_begin_until_its_redefinition_is_answered() {
         }
     }
 }
+
+/// SQL `EXECUTE` of a `BEGIN` prepared with the protocol opens a block pgfence does not see
+/// open: a `SET` pipelined after it, which the `ROLLBACK` after undoes, would be kept as
+/// committed, and the stale write behind checked at the epoch rolled back. Such an
+/// `EXECUTE` is refused (PF004), directly or through a statement bound to it, so no block
+/// opens, the `SET` stands, and the epoch pgfence checks is the one `SHOW` gives. Straight
+/// to Postgres (the control) the block opens, the `SET` is undone, and the stale write
+/// lands.
+#[tokio::test]
+async fn an_execute_of_a_begin_prepared_with_the_protocol_is_refused() {
+    let f = Fixture::at_epoch_two().await;
+    let ways = [
+        ("SQL EXECUTE", q("EXECUTE b")),
+        (
+            "Bind of EXECUTE",
+            [parse("", "EXECUTE b"), run_named("").concat()].concat(),
+        ),
+    ];
+    for (how, opens) in ways {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let through = port == f.proxy.port();
+            let what = format!("{how}, through pgfence: {through}");
+            let mut s = stale(&f, port).await;
+            assert_eq!(
+                run(&mut s, &[parse("b", "BEGIN"), sync()], 1).await,
+                [Vec::<String>::new()]
+            );
+            let pipeline = [opens.clone(), q("SET pgfence.epoch = 2"), q("ROLLBACK")];
+            let got = run(&mut s, &pipeline, 3).await;
+            let shown = s.simple("SHOW pgfence.epoch").await;
+            let shown = shown
+                .iter()
+                .find(|m| m.tag == b'D')
+                .map(|m| String::from_utf8_lossy(&m.body[6..]).into_owned());
+            let wrote = codes(&s.simple(WRITE).await);
+            if through {
+                let want: [&[&str]; 3] = [&["PF004"], &[], &["25P01"]];
+                assert_eq!(got, want, "{what}");
+                // No block opened: the SET stands, and the write at epoch 2 is current.
+                assert_eq!(shown.as_deref(), Some("2"), "{what}");
+                assert!(wrote.is_empty(), "{what}: {wrote:?}");
+            } else {
+                assert!(got.iter().all(Vec::is_empty), "{what}: {got:?}");
+                assert_eq!(shown.as_deref(), Some("1"), "{what}");
+                assert!(wrote.is_empty(), "{what}: {wrote:?}");
+            }
+            assert_eq!(f.note().await.0, "stale", "{what}");
+            f.put_back().await;
+        }
+    }
+}
