@@ -1529,16 +1529,17 @@ fn uncertain_portal(shared: &Shared, name: &str) -> bool {
 /// every one Postgres holds for `CLOSE ALL` and at the end of a transaction (portals the
 /// protocol binds are never holdable). Binds sent after it are not touched.
 fn note_portals_gone(shared: &Shared, kind: &StmtKind) -> Option<Effect> {
-    let (portal, two_phase) = match kind {
+    let (portal, two_phase, chain) = match kind {
         StmtKind::Close { portal: Some(name) } if name == names::UNCERTAIN => return None,
-        StmtKind::Close { portal } => (portal.clone(), false),
-        StmtKind::EndTransaction { two_phase, .. } => (None, *two_phase),
+        StmtKind::Close { portal } => (portal.clone(), false, false),
+        StmtKind::EndTransaction { two_phase, chain, .. } => (None, *two_phase, *chain),
         _ => return None,
     };
     Some(Effect::PortalsGone {
         portal,
         upto: shared.binds,
         two_phase,
+        chain,
     })
 }
 

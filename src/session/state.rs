@@ -172,6 +172,8 @@ pub enum Effect {
         upto: u64,
         /// The statement is `PREPARE TRANSACTION` (see `Shared::on_command_tag`).
         two_phase: bool,
+        /// The statement is a transaction's end `AND CHAIN`.
+        chain: bool,
     },
 }
 
@@ -895,10 +897,21 @@ impl Shared {
         // transaction. A failed block was reported (`E`) before anything more ran in it.
         let committed_implicit =
             matches!(effect, Some(Effect::PortalsGone { two_phase: true, .. })) && self.tx_status != b'E';
-        if matches!(command, b"COMMIT" | b"PREPARE TRANSACTION" | b"ROLLBACK") && self.tx_status == b'E' {
+        let ends = matches!(command, b"COMMIT" | b"PREPARE TRANSACTION" | b"ROLLBACK");
+        if ends && self.tx_status == b'E' {
             // No longer aborted, though the next ReadyForQuery may be far (a Flush instead
             // of a Sync): in a transaction (a chained one, or back at a savepoint) or idle.
             self.tx_status = b'T';
+        }
+        // Until the next ReadyForQuery, which may be far (a Flush instead of a Sync), the
+        // status follows the tags of what opens and ends a block: what is sent meanwhile
+        // runs in the block a `BEGIN` opened, or after the block's end.
+        match effect {
+            Some(Effect::PortalsGone {
+                portal: None, chain, ..
+            }) if ends && !to_savepoint => self.tx_status = if *chain { b'T' } else { b'I' },
+            _ if matches!(command, b"BEGIN" | b"START TRANSACTION") && self.tx_status == b'I' => self.tx_status = b'T',
+            _ => {}
         }
         match command {
             b"COMMIT" | b"PREPARE TRANSACTION" => self.end_transaction(true),
@@ -1346,6 +1359,7 @@ mod tests {
                 portal: portal.map(str::to_owned),
                 upto: 1,
                 two_phase: false,
+                chain: false,
             };
             st.pending.push_back(Unit::Execute(None, Some(gone)));
             st.on_server_message(b'C', Some(tag));

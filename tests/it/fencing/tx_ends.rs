@@ -278,3 +278,60 @@ async fn a_prepare_transaction_outside_a_block_keeps_what_was_declared_before_it
         }
     }
 }
+
+/// A `BEGIN` run by an Execute that a Flush answered opens a block before any
+/// ReadyForQuery says so (and a `COMMIT` after it, answered the same way, closes it). A
+/// `SET` pipelined after it is undone by the `ROLLBACK` behind in the block, and stands
+/// after the block's end; the write after that is checked at the epoch `SHOW` gives: the
+/// session's stale one (PF001), or the current one. Taking the last ReadyForQuery (idle)
+/// as current kept the `SET` in the block as committed and passed the stale write; straight
+/// to Postgres (the control) it lands.
+#[tokio::test]
+async fn a_block_answered_before_its_sync_counts_for_what_follows() {
+    use crate::common::raw::{bind, codes, execute, message, parse, query};
+    let f = Fixture::at_epoch_two().await;
+    let run = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    for (ends, closed) in [(false, "BEGIN"), (true, "BEGIN, COMMIT")] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let through = port == f.proxy.port();
+            let what = format!("{closed}, through pgfence: {through}");
+            let mut s = f.raw(port, "1", &[]).await;
+            let mut first = run("BEGIN");
+            if ends {
+                first.extend(run("COMMIT"));
+            }
+            first.extend(message(b'H', b""));
+            s.send(&first).await;
+            for _ in 0..1 + usize::from(ends) {
+                s.read_until(|m| m.tag == b'C').await;
+            }
+            let pipeline = [
+                query("SET pgfence.epoch = 2"),
+                query("ROLLBACK"),
+                query("SHOW pgfence.epoch"),
+                query(WRITE),
+            ];
+            s.send(&pipeline.concat()).await;
+            let mut got = Vec::new();
+            let mut shown = None;
+            for _ in 0..4 {
+                let answer = s.read_until(|m| m.tag == b'Z').await;
+                if let Some(row) = answer.iter().find(|m| m.tag == b'D') {
+                    shown = Some(String::from_utf8_lossy(&row.body[6..]).into_owned());
+                }
+                got.push(codes(&answer));
+            }
+            // The block's end (ours or its COMMIT) makes the ROLLBACK a no-op that warns.
+            let want_shown = if ends { "2" } else { "1" };
+            assert_eq!(shown.as_deref(), Some(want_shown), "{what}: {got:?}");
+            let refused = through && !ends;
+            assert_eq!(
+                got[3],
+                if refused { vec!["PF001".to_owned()] } else { vec![] },
+                "{what}"
+            );
+            assert_eq!(f.note().await.0, if refused { "init" } else { "stale" }, "{what}");
+            f.put_back().await;
+        }
+    }
+}
