@@ -227,3 +227,10 @@ pub fn codes(msgs: &[Msg]) -> Vec<String> {
 pub fn tags(msgs: &[Msg]) -> String {
     msgs.iter().map(|m| m.tag as char).collect()
 }
+
+/// The first column of the first row among `msgs`, as text (`SHOW` answers one).
+pub fn first_value(msgs: &[Msg]) -> Option<String> {
+    // A DataRow: the column count (2 bytes), the first column's length (4), its bytes.
+    let row = msgs.iter().find(|m| m.tag == b'D')?;
+    Some(String::from_utf8_lossy(row.body.get(6..)?).into_owned())
+}

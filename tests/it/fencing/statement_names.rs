@@ -6,7 +6,7 @@
 
 use super::{Fixture, code};
 use crate::common::pg::connect;
-use crate::common::raw::{Raw, bind, close_statement, codes, execute, parse, sync};
+use crate::common::raw::{Raw, bind, close_statement, codes, execute, first_value, parse, sync};
 
 const WRITE: &str = "UPDATE sweep_state SET note = 'stale' WHERE id = 1";
 
@@ -402,11 +402,7 @@ async fn a_bind_of_a_name_being_redefined_keeps_what_pgfence_follows() {
                 }
             }
             let got = redefine_and_run(&mut s, &locker, name, new).await;
-            let shown = s.simple("SHOW pgfence.epoch").await;
-            let shown = shown
-                .iter()
-                .find(|m| m.tag == b'D')
-                .map(|m| String::from_utf8_lossy(&m.body[6..]).into_owned());
+            let shown = first_value(&s.simple("SHOW pgfence.epoch").await);
             let wrote = codes(&s.simple(WRITE).await);
             if in_block {
                 s.simple("COMMIT").await;
@@ -570,11 +566,7 @@ async fn an_execute_of_a_begin_prepared_with_the_protocol_is_refused() {
             );
             let pipeline = [opens.clone(), q("SET pgfence.epoch = 2"), q("ROLLBACK")];
             let got = run(&mut s, &pipeline, 3).await;
-            let shown = s.simple("SHOW pgfence.epoch").await;
-            let shown = shown
-                .iter()
-                .find(|m| m.tag == b'D')
-                .map(|m| String::from_utf8_lossy(&m.body[6..]).into_owned());
+            let shown = first_value(&s.simple("SHOW pgfence.epoch").await);
             let wrote = codes(&s.simple(WRITE).await);
             if through {
                 let want: [&[&str]; 3] = [&["PF004"], &[], &["25P01"]];
