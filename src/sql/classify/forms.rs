@@ -391,8 +391,9 @@ fn explain_options(c: &mut Cur<'_>) -> Option<bool> {
         let maybe = name
             .as_deref()
             .is_none_or(|n| n.eq_ignore_ascii_case("analyze") || n.eq_ignore_ascii_case("analyse"));
-        // The value: the tokens up to the next `,` or `)`; false only as one token.
-        let (mut value, mut tokens) = (None, 0usize);
+        // The value: the tokens up to the next `,` or `)`; false only as one token, or as a
+        // signed zero (`-0`, which Postgres' grammar reads as the integer 0).
+        let (mut value, mut tokens, mut signed) = (None, 0usize, false);
         let end = loop {
             let t = c.toks.next()?;
             if t.is_punct(b',') || t.is_punct(b')') {
@@ -402,9 +403,17 @@ fn explain_options(c: &mut Cur<'_>) -> Option<bool> {
                 return None;
             }
             tokens += 1;
+            if tokens == 1 {
+                signed = t.is_punct(b'-') || t.is_punct(b'+');
+            }
             value = Some(t);
         };
-        let off = tokens == 1 && value.as_ref().is_some_and(|v| is_false(text, v));
+        let zero = |v: &Token| v.kind == TokenKind::Number && is_false(text, v);
+        let off = match tokens {
+            1 => value.as_ref().is_some_and(|v| is_false(text, v)),
+            2 => signed && value.as_ref().is_some_and(zero),
+            _ => false,
+        };
         if exact {
             analyze = !off;
         } else if maybe && !off {
@@ -422,7 +431,8 @@ fn explain_options(c: &mut Cur<'_>) -> Option<bool> {
 fn is_false(text: &str, v: &Token) -> bool {
     let raw = text.get(v.span.clone()).unwrap_or("");
     let word = match v.kind {
-        TokenKind::Number => return raw == "0",
+        // An integer zero (`0`, `00`); `0.0` is a float, which Postgres refuses here.
+        TokenKind::Number => return !raw.is_empty() && raw.bytes().all(|b| b == b'0'),
         TokenKind::Word | TokenKind::QuotedIdent => ident_value(text, v),
         TokenKind::String => raw
             .strip_prefix('\'')
