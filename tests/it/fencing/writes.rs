@@ -570,3 +570,52 @@ async fn pg_dumps_matview_and_subscription_forms_pass() {
     assert_eq!(code(&current.batch_execute(&copying).await), "PF004");
     assert_eq!(f.note().await.0, "init");
 }
+
+/// A statement that cannot run inside a transaction cannot share one with the guard:
+/// `DETACH PARTITION … CONCURRENTLY` of a fenced partition fails with Postgres' 25001
+/// whatever the epoch, and detaches nothing. Detached plainly, it is a fenced write:
+/// refused at a stale epoch (PF001), run at the current one.
+#[tokio::test]
+async fn a_concurrent_detach_of_a_fenced_partition_cannot_be_guarded() {
+    use crate::common::pg::Cluster;
+    let toml = "[[fence]]\nname = \"parts\"\ntables = [\"part_a\"]\n";
+    let f = Fixture::with(Cluster::shared(), toml).await;
+    f.admin
+        .batch_execute(
+            "CREATE TABLE parted (id int) PARTITION BY RANGE (id);
+             CREATE TABLE part_a PARTITION OF parted FOR VALUES FROM (0) TO (10);",
+        )
+        .await
+        .unwrap();
+    let attached = || async {
+        let row = f
+            .admin
+            .query_one(
+                "SELECT count(*) FROM pg_inherits WHERE inhrelid = 'part_a'::regclass",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) == 1
+    };
+    let current = f.session("-c pgfence.epoch=2").await;
+    current.batch_execute("INSERT INTO part_a VALUES (1)").await.unwrap();
+    let detach = "ALTER TABLE parted DETACH PARTITION part_a";
+    let r = current.batch_execute(&format!("{detach} CONCURRENTLY")).await;
+    assert_eq!(code(&r), "25001");
+    assert!(attached().await);
+    let stale = f.session("-c pgfence.epoch=1").await;
+    assert_eq!(code(&stale.batch_execute(detach).await), "PF001");
+    assert!(attached().await);
+    // Control: straight to Postgres the same stale session's detach runs.
+    let direct = f.direct().await;
+    direct.batch_execute("SET pgfence.epoch = 1").await.unwrap();
+    direct.batch_execute(detach).await.unwrap();
+    assert!(!attached().await);
+    f.admin
+        .batch_execute("ALTER TABLE parted ATTACH PARTITION part_a FOR VALUES FROM (0) TO (10)")
+        .await
+        .unwrap();
+    current.batch_execute(detach).await.unwrap();
+    assert!(!attached().await);
+}
