@@ -865,11 +865,14 @@ impl Dispatcher {
     /// rewritten statement for a new epoch first (appended to `out`).
     pub fn on_bind(&mut self, shared: &mut Shared, portal: &str, statement: &str, out: &mut BytesMut) {
         self.bound_unsynced = true;
-        // Any definition Postgres may hold under the name: one whose Parse is refused or
-        // skipped leaves the one before.
-        if self.candidates(shared, statement, self.batch).iter().any(|d| d.begins) {
-            self.outside_block = false;
-        }
+        // Whether it opens a block, over every definition Postgres may hold under the name
+        // (a Parse refused or skipped leaves the one before). Where they differ, taking
+        // either could lose a `ROLLBACK`'s meaning for what is pipelined behind (a `SET`
+        // kept or undone unlike Postgres): its Execute is refused.
+        let defs = self.candidates(shared, statement, self.batch);
+        let begins = defs.iter().filter(|d| d.begins).count();
+        let unsure_begin = begins > 0 && begins < defs.len();
+        let begins = begins > 0 && !unsure_begin;
         // A named portal that Postgres may still hold: then it refuses this Bind (42P03)
         // and keeps the old portal, so an Execute of the name may run either. Not when
         // this batch closes it first: that Close cannot fail, and if the batch is skipped
@@ -883,6 +886,9 @@ impl Dispatcher {
         if let Some(old) = old {
             analysis = self.either(shared, &old, analysis);
         }
+        if unsure_begin {
+            analysis = self.anything();
+        }
         shared.binds += 1;
         let bind = shared.binds;
         let entry = PortalEntry {
@@ -891,6 +897,7 @@ impl Dispatcher {
             exact,
             bind,
             rw,
+            begins,
         };
         if portal == names::UNCERTAIN {
             self.poison_portals(shared);
@@ -924,7 +931,10 @@ impl Dispatcher {
         self.ran_until = self.sent + 1;
         if let Some(decision) = self.execute_rewrite(shared, portal) {
             match decision {
-                Some(decision) => self.inject_extended(shared, decision, None, out),
+                Some(decision) => {
+                    self.doomed |= matches!(decision, Decision::Reject(_));
+                    self.inject_extended(shared, decision, None, out);
+                }
                 None => self.batch_guard = None,
             }
             shared.pending.push_back(Unit::Execute(None, None));
@@ -932,7 +942,14 @@ impl Dispatcher {
         }
         let (mut analysis, mut exact) = match shared.portals.get(portal) {
             _ if portal == names::UNCERTAIN => (self.anything(), false),
-            Some(e) => (e.analysis.clone(), e.exact == Some(self.batch)),
+            Some(e) => {
+                // A statement that opens a transaction block does so when it runs, maybe in
+                // a later round trip than its Bind.
+                if e.begins {
+                    self.outside_block = false;
+                }
+                (e.analysis.clone(), e.exact == Some(self.batch))
+            }
             None if uncertain_portal(shared, portal) => (self.anything(), false),
             None => (Arc::default(), false),
         };
@@ -964,6 +981,9 @@ impl Dispatcher {
             }
             let if_prepared = need.missing_name();
             if let Some(decision) = self.decide(need) {
+                // A refusal raises whatever the data (but for one that asks whether a name
+                // is prepared): Postgres skips the rest of the batch.
+                self.doomed |= matches!(decision, Decision::Reject(_)) && if_prepared.is_none();
                 self.inject_extended(shared, decision, if_prepared, out);
             }
             // Answered with the Sync that ends this batch.

@@ -277,6 +277,9 @@ pub struct PortalEntry {
     pub bind: u64,
     /// Bound from a rewrite statement: which, and the epoch its text carried.
     pub rw: Option<super::rewriting::RwPortal>,
+    /// Its statement opens a transaction block (every definition it may have been bound
+    /// from does): its Execute counts as a `BEGIN`.
+    pub begins: bool,
 }
 
 /// An unanswered client Bind of a portal: the dispatcher's batch it was sent in, and what
@@ -1343,6 +1346,7 @@ mod tests {
             exact: None,
             bind: 1,
             rw: None,
+            begins: false,
         };
         let cases: [(Option<&str>, &[u8], bool); 6] = [
             (None, b"PREPARE\0", true),

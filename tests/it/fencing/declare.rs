@@ -906,3 +906,35 @@ async fn statements_postgres_refuses_in_a_pipeline_change_no_declaration() {
         }
     }
 }
+
+/// pgfence's own refusal of an Execute fails its batch as any error does: a `SET` after it
+/// in the batch never runs, so a write pipelined behind is checked with no epoch (PF002),
+/// as `SHOW` gives. Counting the `SET` passed the write at the epoch it would have
+/// declared; straight to Postgres (the control) the write lands.
+#[tokio::test]
+async fn a_declaration_after_a_refused_execute_in_its_batch_is_not_counted() {
+    use crate::common::raw::{bind, execute, parse, query, sync};
+    let f = Fixture::at_epoch_two().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let params = [("user", "postgres"), ("database", f.db.as_str())];
+        let (mut s, _) = Raw::startup(port, &params).await;
+        let step = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+        let pipeline = [
+            step("UPDATE sweep_state SET note = 'first' WHERE id = 1"),
+            step("SET pgfence.epoch = 2"),
+            sync(),
+            query(WRITE),
+        ];
+        s.send(&pipeline.concat()).await;
+        let first = codes(&s.read_until(|m| m.tag == b'Z').await);
+        let wrote = codes(&s.read_until(|m| m.tag == b'Z').await);
+        if port == f.proxy.port() {
+            assert_eq!((first, wrote), (vec!["PF002".to_owned()], vec!["PF002".to_owned()]));
+            assert_eq!(f.note().await.0, "init");
+        } else {
+            assert!(first.is_empty() && wrote.is_empty(), "{first:?} {wrote:?}");
+            assert_eq!(f.note().await.0, "w");
+            f.put_back().await;
+        }
+    }
+}

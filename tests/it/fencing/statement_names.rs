@@ -481,11 +481,14 @@ async fn a_statement_prepared_through_a_name_being_redefined_is_not_missed() {
     }
 }
 
-/// A Parse of a `BEGIN` statement's name that Postgres refuses (42P05) or skips after an
-/// error leaves the name a `BEGIN`: a Bind of it opens a block, so a `SET` run in it is
-/// undone by the `ROLLBACK` after, and the stale write that follows is refused. Taking
-/// the name for the refused text would keep the `SET` as if committed and pass the write
-/// at the epoch rolled back; straight to Postgres (the control) the stale write lands.
+/// A Bind of a name that held `BEGIN` when its redefinition may not have happened: a Parse
+/// Postgres refuses (42P05) or skips after an error leaves the `BEGIN`, one it accepts
+/// replaces it. Answered before the Bind, what the name holds is known: a `BEGIN` opens a
+/// block, so a `SET` in it is undone by the `ROLLBACK` after. Unanswered, either may run,
+/// and a `SET` behind would be kept or undone unlike Postgres: the Execute is refused
+/// (PF004), which skips the `SET` too. Either way the write after is checked at the epoch
+/// `SHOW` gives (PF001 at the stale one). Straight to Postgres (the control) the stale write
+/// lands wherever the `SET` is undone or declares a stale epoch.
 #[tokio::test]
 async fn a_begin_name_stays_a_begin_until_its_redefinition_is_answered() {
     let f = Fixture::at_epoch_two().await;
@@ -496,42 +499,58 @@ async fn a_begin_name_stays_a_begin_until_its_redefinition_is_answered() {
         parse("b", "SELECT 1"),
         sync(),
     ];
-    for (how, redefine, code) in [("refused", refused, "42P05"), ("skipped", skipped, "26000")] {
+    let accepted = vec![close_statement("b"), parse("b", "SELECT 1"), sync()];
+    // (how, the redefinition, its error, the epoch declared at startup, then by the SET)
+    let cases = [
+        ("refused", refused, Some("42P05"), "1", "2"),
+        ("skipped", skipped, Some("26000"), "1", "2"),
+        ("accepted", accepted, None, "2", "1"),
+    ];
+    for (how, redefine, code, start, set) in cases {
         for pipelined in [false, true] {
             for port in [f.proxy.port(), f.cluster.port()] {
-                let what = format!(
-                    "{how}, pipelined: {pipelined}, through pgfence: {}",
-                    port == f.proxy.port()
-                );
-                let mut s = stale(&f, port).await;
+                let through = port == f.proxy.port();
+                let what = format!("{how}, pipelined: {pipelined}, through pgfence: {through}");
+                let mut s = f.raw(port, start, &[]).await;
                 assert_eq!(
                     run(&mut s, &[parse("b", "BEGIN"), sync()], 1).await,
                     [Vec::<String>::new()]
                 );
+                let set = format!("SET pgfence.epoch = {set}");
                 let block = vec![
                     bind("", "b", &[]),
                     execute(""),
-                    parse("", "SET pgfence.epoch = 2"),
+                    parse("", &set),
                     bind("", "", &[]),
                     execute(""),
                     sync(),
                     q("ROLLBACK"),
-                    q(WRITE),
                 ];
                 let got = if pipelined {
-                    run(&mut s, &[redefine.clone(), block].concat(), 4).await
+                    run(&mut s, &[redefine.clone(), block].concat(), 3).await
                 } else {
                     let mut got = run(&mut s, &redefine, 1).await;
-                    got.extend(run(&mut s, &block, 3).await);
+                    got.extend(run(&mut s, &block, 2).await);
                     got
                 };
-                let (wrote, note) = if port == f.proxy.port() {
-                    (vec!["PF001".to_owned()], "init")
+                let shown = first_value(&s.simple("SHOW pgfence.epoch").await);
+                let wrote = codes(&s.simple(WRITE).await);
+                let code: Vec<String> = code.iter().map(|c| (*c).to_owned()).collect();
+                assert_eq!(got[0], code, "{what}");
+                let opened = how != "accepted";
+                let refused = through && pipelined;
+                // A block opened: the ROLLBACK undoes the SET; none: it only warns.
+                let rollback: &[&str] = if opened && !refused { &[] } else { &["25P01"] };
+                assert_eq!(got[1], if refused { vec!["PF004"] } else { vec![] }, "{what}");
+                assert_eq!(got[2], rollback, "{what}");
+                let stale = shown.as_deref() == Some("1");
+                if through {
+                    assert_eq!(wrote, if stale { vec!["PF001"] } else { vec![] }, "{what}: {shown:?}");
                 } else {
-                    (vec![], "stale")
-                };
-                assert_eq!(got, [vec![code.to_owned()], vec![], vec![], wrote], "{what}");
-                assert_eq!(f.note().await.0, note, "{what}");
+                    assert!(stale && wrote.is_empty(), "{what}: {shown:?} {wrote:?}");
+                }
+                let note = f.note().await.0;
+                assert_eq!(note == "stale", wrote.is_empty(), "{what}");
                 f.put_back().await;
             }
         }
@@ -582,5 +601,36 @@ async fn an_execute_of_a_begin_prepared_with_the_protocol_is_refused() {
             assert_eq!(f.note().await.0, "stale", "{what}");
             f.put_back().await;
         }
+    }
+}
+
+/// A `BEGIN` statement bound (and described) but never executed opens nothing: a `SET`
+/// after it in the batch commits at the Sync, a `ROLLBACK` after that only warns, and the
+/// write pipelined behind is checked at the stale epoch the `SET` declared (PF001). Counting the Bind as the
+/// `BEGIN` kept the `SET` pending, let the `ROLLBACK` undo it and passed the write at the
+/// epoch before; straight to Postgres (the control) the stale write lands.
+#[tokio::test]
+async fn a_begin_bound_and_never_executed_opens_no_block() {
+    let f = Fixture::at_epoch_two().await;
+    for port in [f.proxy.port(), f.cluster.port()] {
+        let mut s = f.raw(port, "2", &[]).await;
+        assert_eq!(
+            run(&mut s, &[parse("b", "BEGIN"), sync()], 1).await,
+            [Vec::<String>::new()]
+        );
+        let batch = [
+            bind("", "b", &[]),
+            crate::common::raw::message(b'D', b"P\0"),
+            parse("", "SET pgfence.epoch = 1"),
+            bind("", "", &[]),
+            execute(""),
+            sync(),
+            q("ROLLBACK"),
+            q(WRITE),
+        ];
+        let got = run(&mut s, &batch, 3).await;
+        assert_eq!(got[..2], [vec![], vec!["25P01".to_owned()]]);
+        assert_eq!(first_value(&s.simple("SHOW pgfence.epoch").await).as_deref(), Some("1"));
+        f.verdict(port, got[2].clone(), "PF001").await;
     }
 }
