@@ -1253,14 +1253,20 @@ impl Dispatcher {
         if portals.iter().flatten().any(|p| p == names::UNCERTAIN) {
             return Need::Unanalysable(Vec::new());
         }
+        // Out of steps: every name left may run anything (a long list of names costs its
+        // length only once).
+        let spent = || self.steps.get() > MAX_STEPS;
         if portals.iter().any(Option::is_none) {
             for e in shared.portals.values() {
+                if spent() {
+                    return Need::Unanalysable(Vec::new());
+                }
                 need = need.union(portal_need(&e.analysis));
             }
             return need;
         }
         for name in portals.iter().flatten() {
-            if !shared.portals.contains_key(name) && uncertain_portal(shared, name) {
+            if spent() || !shared.portals.contains_key(name) && uncertain_portal(shared, name) {
                 return Need::Unanalysable(Vec::new());
             }
             // A FETCH runs in a batch of its own: every unanswered Bind is from before it.

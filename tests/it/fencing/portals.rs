@@ -1220,6 +1220,7 @@ async fn a_portal_bound_again_to_an_execute_runs_what_the_name_holds_then() {
 async fn a_branching_chain_is_decided_in_bounded_time() {
     let f = Fixture::at_epoch_two().await;
     let fetch_self = format!("FETCH {}", vec!["a"; 16].join(" "));
+    let wide_fetch = format!("FETCH {}", vec!["a"; 20_000].join(" "));
     let execute_self: Vec<u8> = (0..8)
         .flat_map(|_| [parse("w", "EXECUTE w"), sync()].concat())
         .collect();
@@ -1231,6 +1232,13 @@ async fn a_branching_chain_is_decided_in_bounded_time() {
             "FETCH a".to_owned(),
         ),
         ("EXECUTE", execute_self, 8, vec!["EXECUTE w"; 20].join("; ")),
+        // Wide rather than deep: many names in one FETCH, many FETCHes in one Query.
+        (
+            "wide FETCH",
+            [parse("s", &wide_fetch), bind("a", "s", &[]), sync()].concat(),
+            1,
+            vec!["FETCH a"; 50].join("; "),
+        ),
     ];
     for (how, in_flight, answers, run) in cases {
         let mut s = f.raw(f.proxy.port(), "2", &[]).await;
