@@ -460,11 +460,18 @@ mod tests {
             "SET pgfence.epoch = +1E+3",
             "SET pgfence.epoch = .5e-1",
             // A name pgfence cannot decode may be its own.
-            "SET U&\"pgfence!002eepoch\" UESCAPE E'!' = 12",
-            "SET U&\"pgfence!002eepoch\" UESCAPE $$!$$ = 12",
-            "RESET U&\"pgfence!002eepoch\" UESCAPE E'!'",
+            "SET U&\"pgfence!002eepoch\" UESCAPE E'\\041' = 12",
+            "RESET U&\"pgfence!002eepoch\" UESCAPE E'\\041'",
         ] {
             assert!(matches!(parse(sql, Lexing::default()), Some(Malformed { .. })), "{sql}");
+        }
+        // An escape character given as any one-character string constant is read.
+        let plain = parse("SET pgfence.epoch = 12", Lexing::default());
+        for sql in [
+            "SET U&\"pgfence!002eepoch\" UESCAPE E'!' = 12",
+            "SET U&\"pgfence!002eepoch\" UESCAPE $$!$$ = 12",
+        ] {
+            assert_eq!(parse(sql, Lexing::default()), plain, "{sql}");
         }
     }
 

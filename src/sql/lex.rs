@@ -239,15 +239,27 @@ pub fn escaped_string_value(raw: &str) -> Option<String> {
     Some(out)
 }
 
-/// The escape character a `UESCAPE 'c'` clause gives, from its string token.
+/// The escape character a `UESCAPE 'c'` clause gives, from its string token: any string
+/// constant Postgres reads as one character, `'!'`, `E'!'` (without backslashes) or `$$!$$`.
 /// `None` where Postgres refuses it (not one byte, a hex digit, `+`, a quote or
-/// whitespace), and for a string this does not read (`E'!'`, `$$!$$`, a continued
+/// whitespace), and for a string this does not read (an escape in `E'…'`, a continued
 /// one), which Postgres may accept: callers must fail closed on `None`.
 pub fn uescape_char(sql: &str, token: &Token) -> Option<char> {
-    if token.kind != TokenKind::String {
-        return None;
-    }
     let text = sql.get(token.span.clone())?;
+    fn quoted(t: &str) -> Option<&str> {
+        t.strip_prefix('\'')?.strip_suffix('\'')
+    }
+    let inner = match token.kind {
+        TokenKind::String => quoted(text)?,
+        // The `E` (or `e`) first.
+        TokenKind::EscapeString if !text.contains('\\') => quoted(text.get(1..)?)?,
+        TokenKind::DollarString => {
+            // `$tag$…$tag$`: the tag ends at the second `$`.
+            let tag = text.get(1..)?.find('$')? + 2;
+            text.get(tag..text.len().checked_sub(tag)?)?
+        }
+        _ => return None,
+    };
     let refused = |b: u8| {
         b.is_ascii_hexdigit()
             || matches!(
@@ -255,7 +267,7 @@ pub fn uescape_char(sql: &str, token: &Token) -> Option<char> {
                 b'+' | b'\'' | b'"' | b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c'
             )
     };
-    match text.strip_prefix('\'')?.strip_suffix('\'')?.as_bytes() {
+    match inner.as_bytes() {
         &[b] if b.is_ascii() && !refused(b) => Some(char::from(b)),
         _ => None,
     }
@@ -751,8 +763,15 @@ mod tests {
         for refused in ["'é'", "'a'", "'+'", "' '", "'\"'", "'!!'", "''"] {
             assert_eq!(escape(refused), None, "{refused}");
         }
+        // Any string constant of one character, as Postgres takes it.
+        for read in ["E'!'", "e'!'", "$$!$$", "$x$!$x$"] {
+            assert_eq!(escape(read), Some('!'), "{read}");
+        }
+        for refused in ["E'a'", "$$+$$", "$x$!!$x$", "$$$$"] {
+            assert_eq!(escape(refused), None, "{refused}");
+        }
         // Not read (Postgres takes them): the callers fail closed.
-        for unread in ["E'!'", "$$!$$", "'!'\n''"] {
+        for unread in ["E'\\041'", "'!'\n''"] {
             assert_eq!(escape(unread), None, "{unread}");
         }
     }

@@ -201,19 +201,32 @@ impl Ctx<'_> {
         };
         // The keyword SAVEPOINT is optional after RELEASE and TO, and is also a valid
         // savepoint name: `RELEASE savepoint` releases the one named "savepoint".
+        // A name pgfence cannot read as Postgres will (a `U&"…"` with an escape character
+        // given other than as a plain string) may still name a savepoint: read as anything
+        // else, a `ROLLBACK TO` would look like a rollback of the whole transaction, and
+        // the declarations it keeps would be lost. It may do anything (refused, PF004),
+        // where there are fences.
+        let unreadable = if self.fences.is_empty() {
+            StmtKind::Other
+        } else {
+            StmtKind::Unanalysable { fences: Vec::new() }
+        };
         let keyword = first != "savepoint" && c.eat_word("savepoint");
         let name = if keyword && c.done() {
             "savepoint".to_owned()
+        } else if c.done() {
+            // No name: a syntax error.
+            return StmtKind::Other;
         } else {
             match c.decoded_ident() {
                 Some(name) => name,
-                None => return StmtKind::Other,
+                None => return unreadable,
             }
         };
         if c.done() {
             StmtKind::Savepoint(op(name))
         } else {
-            StmtKind::Other
+            unreadable
         }
     }
 

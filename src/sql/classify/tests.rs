@@ -552,11 +552,15 @@ const ROWS: &[(&str, &str)] = &[
     ),
     ("RELEASE U&\"a\\\\b\"\"c\"", "Release(\"a\\\\b\\\"c\")"),
     ("SAVEPOINT U&\"\\D83D\\DE00\"", "Define(\"\u{1f600}\")"),
-    ("RELEASE SAVEPOINT U&\"\\0000\"", "other"),
-    ("SAVEPOINT U&\"\\D83D\"", "other"),
-    ("SAVEPOINT U&\"x\\12\"", "other"),
-    ("SAVEPOINT U&\"x\" UESCAPE 'a'", "other"),
-    ("SAVEPOINT U&\"\"", "other"),
+    // An escape character given by any string constant, as Postgres takes it.
+    ("ROLLBACK TO U&\"!0061\" UESCAPE E'!'", "RollbackTo(\"a\")"),
+    ("SAVEPOINT U&\"!0061\" UESCAPE $x$!$x$", "Define(\"a\")"),
+    // Names pgfence cannot read (Postgres refuses most): they may do anything.
+    ("RELEASE SAVEPOINT U&\"\\0000\"", "pf004:"),
+    ("SAVEPOINT U&\"\\D83D\"", "pf004:"),
+    ("SAVEPOINT U&\"x\\12\"", "pf004:"),
+    ("SAVEPOINT U&\"x\" UESCAPE 'a'", "pf004:"),
+    ("SAVEPOINT U&\"\"", "pf004:"),
     // Transaction ends: what they do to declarations is known before the command tag.
     ("ROLLBACK", "end:rollback"),
     ("ROLLBACK AND NO CHAIN", "end:rollback"),

@@ -938,3 +938,48 @@ async fn a_declaration_after_a_refused_execute_in_its_batch_is_not_counted() {
         }
     }
 }
+
+/// A savepoint named with a `UESCAPE` escape character given as any string constant
+/// (`E'!'`, `$$!$$`) is the savepoint Postgres names: `ROLLBACK TO` it keeps the stale
+/// `SET` made before it, and the write after is refused (PF001). One pgfence cannot read
+/// (an escape inside `E'…'`) is refused itself (PF004), which fails the block. Read as
+/// anything else, the `ROLLBACK TO` looked like a rollback of the whole transaction and the
+/// write passed at the epoch before; straight to Postgres (the control) it lands.
+#[tokio::test]
+async fn a_savepoint_with_an_odd_escape_character_is_followed_or_refused() {
+    let f = Fixture::at_epoch_two().await;
+    let names = [
+        ("U&\"!0061\" UESCAPE E'!'", None),
+        ("U&\"!0061\" UESCAPE $x$!$x$", None),
+        ("U&\"!0061\" UESCAPE E'\\041'", Some("PF004")),
+    ];
+    for (name, refused) in names {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let through = port == f.proxy.port();
+            let s = crate::common::pg::connect(port, &f.db, "-c pgfence.epoch=2").await;
+            s.batch_execute("BEGIN; SET pgfence.epoch = 1; SAVEPOINT a")
+                .await
+                .unwrap();
+            let back = s.batch_execute(&format!("ROLLBACK TO {name}")).await;
+            let wrote = s.batch_execute(WRITE).await;
+            let _ = s.batch_execute("COMMIT").await;
+            match (through, refused) {
+                (true, Some(c)) => {
+                    assert_eq!(code(&back), c, "{name}");
+                    assert_eq!(code(&wrote), "25P02", "{name}");
+                }
+                (true, None) => {
+                    back.unwrap();
+                    assert_eq!(code(&wrote), "PF001", "{name}");
+                }
+                (false, _) => {
+                    back.unwrap();
+                    wrote.unwrap();
+                }
+            }
+            let note = f.note().await.0;
+            assert_eq!(note == "w", !through, "{name}, through pgfence: {through}");
+            f.put_back().await;
+        }
+    }
+}
