@@ -108,6 +108,8 @@ pub struct Dispatcher {
     /// in it Postgres refuses whatever the data (`AND CHAIN` outside a block, `DISCARD ALL`
     /// where it cannot run).
     doomed: bool,
+    /// The last Execute of this batch ended a transaction block (without `AND CHAIN`).
+    tx_ended: bool,
     /// A Bind was sent since the last Sync, Query or FunctionCall: its portal lives in an
     /// implicit transaction that a Query ends, or that a client's `BEGIN` makes a block.
     bound_unsynced: bool,
@@ -186,6 +188,7 @@ impl Dispatcher {
             outside_block: true,
             block_failed: false,
             doomed: false,
+            tx_ended: false,
             bound_unsynced: false,
             sent: 0,
             batch: 0,
@@ -206,6 +209,15 @@ impl Dispatcher {
             self.outside_block = shared.tx_status == b'I';
             self.block_failed = shared.tx_status == b'E';
             self.speculative = shared.declared.clone();
+            // An error answered before its Sync (after a Flush): the transaction it
+            // happened in fails, the implicit one at that Sync, a block at its end.
+            if shared.skipping() {
+                if self.outside_block {
+                    self.doomed = true;
+                } else {
+                    self.block_failed = true;
+                }
+            }
         }
         self.scs = shared.reported.standard_conforming_strings;
     }
@@ -227,6 +239,7 @@ impl Dispatcher {
     fn query(&mut self, shared: &mut Shared, sql: &str, exact: bool) -> (Option<String>, bool) {
         self.prepare_ahead(shared);
         self.bound_unsynced = false;
+        self.tx_ended = false;
         self.sent += 1;
         shared.copy_data_early = false;
         // Postgres ends an implicit transaction left open by an Execute with this Query.
@@ -927,6 +940,9 @@ impl Dispatcher {
     pub fn on_execute(&mut self, shared: &mut Shared, portal: &str, out: &mut BytesMut) {
         shared.copy_data_early = false;
         let first_of_batch = !std::mem::replace(&mut shared.unsynced, true);
+        // The first statement of its transaction: of the batch, or right after an end of a
+        // block in it (Postgres then runs a `DISCARD ALL` as it does first in a batch).
+        let fresh = first_of_batch || std::mem::take(&mut self.tx_ended);
         // Its effect on the transaction is known once the Sync after it is answered.
         self.ran_until = self.sent + 1;
         if let Some(decision) = self.execute_rewrite(shared, portal) {
@@ -970,7 +986,7 @@ impl Dispatcher {
         if let [stmt] = analysis.statements.as_slice() {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Ok(e) = super::declaration::effect(d, shared.defined, self.session_fence()) {
-                    self.speculate_declaration(&e, first_of_batch);
+                    self.speculate_declaration(&e, fresh);
                     effect = Some(e);
                 }
             }
@@ -986,6 +1002,7 @@ impl Dispatcher {
                 self.doomed |= matches!(decision, Decision::Reject(_)) && if_prepared.is_none();
                 self.inject_extended(shared, decision, if_prepared, out);
             }
+            self.tx_ended = matches!(stmt.kind, StmtKind::EndTransaction { chain: false, .. });
             // Answered with the Sync that ends this batch.
             if let Some(e) = self.note_effects(shared, &stmt.kind, self.batch, self.sent + 1) {
                 effect = Some(e);
@@ -1059,6 +1076,7 @@ impl Dispatcher {
         }
         shared.unsynced = false;
         self.bound_unsynced = false;
+        self.tx_ended = false;
         self.sent += 1;
         self.batch += 1;
         // Outside a transaction block what ran up to this Sync was an implicit transaction.

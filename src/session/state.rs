@@ -546,6 +546,12 @@ impl Shared {
         self.pending.len() <= RESUME_PENDING || self.in_flight().0 <= RESUME_PENDING
     }
 
+    /// Postgres answered an error and skips what comes until the next Sync: the
+    /// transaction it happened in fails.
+    pub fn skipping(&self) -> bool {
+        self.skipping
+    }
+
     /// Nothing is in flight and no transaction is open, explicit or implicit: a draining
     /// shutdown may end the session here without losing anything the client was told.
     pub fn idle(&self) -> bool {

@@ -325,3 +325,94 @@ async fn a_block_answered_before_its_sync_counts_for_what_follows() {
         }
     }
 }
+
+/// What Postgres answered before a Sync counts for what is pipelined behind it: an error
+/// after a Flush fails its transaction (the implicit one, or the block whose `COMMIT`
+/// then rolls back), an Execute of a `BEGIN` bound before a Flush opens a block, and a
+/// `DISCARD ALL` right after a block's end in a batch runs. In each, the `SET` to the
+/// current epoch is undone, so the stale write after is refused (PF001); pgfence had
+/// counted the `SET` and passed it. Straight to Postgres (the control) the write lands.
+#[tokio::test]
+async fn what_was_answered_before_a_sync_counts_for_what_follows() {
+    use crate::common::raw::{bind, codes, execute, message, parse, query, sync};
+    let f = Fixture::at_epoch_two().await;
+    let run = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    let flush = || message(b'H', b"");
+    // (what, steps each answered before the next is sent (up to the message type given),
+    // then the pipeline ending in the write, and how many requests it answers)
+    type Case = (&'static str, Vec<(Vec<u8>, u8)>, Vec<u8>, usize);
+    let cases: Vec<Case> = vec![
+        (
+            "an error after a Flush in a block",
+            vec![
+                (query("BEGIN"), b'Z'),
+                (query("SET pgfence.epoch = 2"), b'Z'),
+                ([run("SELECT 1/0"), flush()].concat(), b'E'),
+            ],
+            [sync(), query("COMMIT"), query(WRITE)].concat(),
+            3,
+        ),
+        (
+            "an error after a Flush, after a COMMIT",
+            vec![
+                (query("BEGIN"), b'Z'),
+                (
+                    [run("COMMIT"), run("SET pgfence.epoch = 2"), run("SELECT 1/0"), flush()].concat(),
+                    b'E',
+                ),
+            ],
+            [sync(), query("ROLLBACK"), query(WRITE)].concat(),
+            3,
+        ),
+        (
+            "a BEGIN bound before a Flush",
+            vec![([parse("", "BEGIN"), bind("", "", &[]), flush()].concat(), b'2')],
+            [
+                execute(""),
+                sync(),
+                query("SET pgfence.epoch = 2"),
+                query("ROLLBACK"),
+                query(WRITE),
+            ]
+            .concat(),
+            4,
+        ),
+        (
+            "a DISCARD ALL after a ROLLBACK in a batch",
+            vec![(query("SET pgfence.epoch = 2"), b'Z')],
+            [
+                run("ROLLBACK"),
+                run("DISCARD ALL"),
+                run("ROLLBACK"),
+                sync(),
+                query(WRITE),
+            ]
+            .concat(),
+            2,
+        ),
+    ];
+    for (what, steps, pipeline, answers) in cases {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let mut s = f.raw(port, "1", &[]).await;
+            for (msgs, until) in &steps {
+                s.send(msgs).await;
+                s.read_until(|m| m.tag == *until).await;
+            }
+            s.send(&pipeline).await;
+            let mut got = Vec::new();
+            for _ in 0..answers {
+                got.push(codes(&s.read_until(|m| m.tag == b'Z').await));
+            }
+            let wrote = got.pop().unwrap_or_default();
+            s.simple("ROLLBACK").await;
+            let through = port == f.proxy.port();
+            assert_eq!(
+                wrote,
+                if through { vec!["PF001"] } else { vec![] },
+                "{what}, through pgfence: {through}"
+            );
+            assert_eq!(f.note().await.0, if through { "init" } else { "stale" }, "{what}");
+            f.put_back().await;
+        }
+    }
+}
