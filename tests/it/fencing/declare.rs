@@ -777,6 +777,8 @@ async fn escaped_values_declare_what_postgres_reads() {
         ("on", r"SET pgfence.epoch = U&'\0032'"),
         ("on", r"SET pgfence.epoch = U&'!+000032' UESCAPE '!'"),
         ("on", r#"SET pgfence.epoch = U&"\0032""#),
+        ("on", r#"SET U&"pgfence!002eepoch" UESCAPE E'!' = 2"#),
+        ("on", r#"SET U&"pgfence!002eepoch" UESCAPE $$!$$ = 2"#),
         ("off", r"SET pgfence.epoch = '\62'"),
     ] {
         let s = f.session("-c pgfence.epoch=1").await;
@@ -793,8 +795,7 @@ async fn escaped_values_declare_what_postgres_reads() {
     let s = f.session("-c pgfence.epoch=2").await;
     for unread in [
         "SET pgfence.epoch = 1e-5",
-        "SET U&\"pgfence!002eepoch\" UESCAPE E'!' = 1",
-        "SET U&\"pgfence!002eepoch\" UESCAPE $$!$$ = 1",
+        "SET U&\"pgfence!002eepoch\" UESCAPE E'\\041' = 1",
     ] {
         assert_eq!(code(&s.batch_execute(unread).await), "PF003", "{unread}");
         assert_eq!(shown_epoch(&s).await, "2", "{unread}");
