@@ -1222,9 +1222,9 @@ impl Dispatcher {
     /// `EXECUTE` to every definition Postgres may hold under the name, SQL `FETCH`/`MOVE` to
     /// the statement of every portal it may name, and on from there (a prepared `EXECUTE`
     /// or `FETCH`, an `EXPLAIN ANALYZE EXECUTE`), `depth` being the steps taken so far:
-    /// beyond [`MAX_NESTING`] it may write any fence, as past [`MAX_STEPS`] in all. Reached by a step, a write to a
-    /// rewrite-mode table counts as unanalysable: it runs as it was prepared or bound, and
-    /// pgfence rewrites only the statements run directly.
+    /// beyond [`MAX_NESTING`] it may write any fence, as past [`MAX_STEPS`] in all.
+    /// Reached by a step, a write to a rewrite-mode table counts as unanalysable: it runs
+    /// as it was prepared or bound, and pgfence rewrites only the statements run directly.
     fn run_need(&self, shared: &Shared, kind: &StmtKind, batch: u64, depth: usize) -> Need {
         if matches!(kind, StmtKind::Execute { .. } | StmtKind::Fetch { .. }) {
             let steps = self.steps.get() + 1;
