@@ -343,11 +343,10 @@ impl Dispatcher {
                     }
                 }
                 need => {
-                    let conditional = need.missing_name().is_some();
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {
-                        // A refusal raises whatever the data (but for one that asks whether
-                        // a name is prepared).
-                        fails |= matches!(injected, Injected::Reject(_)) && !conditional;
+                        // A refusal raises whatever the data; one that asks whether a name
+                        // is prepared fails either way (raised, or Postgres' own 26000).
+                        fails |= matches!(injected, Injected::Reject(_));
                         out.copy(before);
                         out.add(&call);
                         out.add(";");
@@ -960,8 +959,10 @@ impl Dispatcher {
             _ if portal == names::UNCERTAIN => (self.anything(), false),
             Some(e) => {
                 // A statement that opens a transaction block does so when it runs, maybe in
-                // a later round trip than its Bind.
-                if e.begins {
+                // a later round trip than its Bind. Bound in an earlier batch, it opens none:
+                // outside a block Postgres dropped the portal at that batch's Sync, inside one
+                // a `BEGIN` only warns.
+                if e.begins && e.sent == self.sent {
                     self.outside_block = false;
                 }
                 (e.analysis.clone(), e.exact == Some(self.batch))
@@ -997,9 +998,10 @@ impl Dispatcher {
             }
             let if_prepared = need.missing_name();
             if let Some(decision) = self.decide(need) {
-                // A refusal raises whatever the data (but for one that asks whether a name
-                // is prepared): Postgres skips the rest of the batch.
-                self.doomed |= matches!(decision, Decision::Reject(_)) && if_prepared.is_none();
+                // A refusal raises whatever the data: Postgres skips the rest of the batch.
+                // One that asks whether a name is prepared fails either way (raised, or
+                // Postgres' own 26000).
+                self.doomed |= matches!(decision, Decision::Reject(_));
                 self.inject_extended(shared, decision, if_prepared, out);
             }
             self.tx_ended = matches!(stmt.kind, StmtKind::EndTransaction { chain: false, .. });
@@ -1024,6 +1026,11 @@ impl Dispatcher {
     pub fn on_close(&mut self, shared: &mut Shared, kind: u8, name: &str) {
         self.close_rewrite(kind, name);
         if kind != b'S' {
+            // Closed, it runs no `BEGIN` in this batch (a Bind after makes a new entry); a
+            // Close skipped after an error is in a batch that runs nothing more.
+            if let Some(e) = shared.portals.get_mut(name) {
+                e.begins = false;
+            }
             let bind = shared.portals.get(name).map(|e| e.bind);
             shared.pending.push_back(Unit::ClosePortal(name.to_owned(), bind));
             return;

@@ -416,3 +416,76 @@ async fn what_was_answered_before_a_sync_counts_for_what_follows() {
         }
     }
 }
+
+/// Statements that fail whatever the data do not count for what is pipelined behind them:
+/// SQL `EXECUTE` of a name no one prepared (Postgres' 26000, or pgfence's refusal where it
+/// may be prepared unseen) skips the `SET` after it; an Execute of a `BEGIN` portal that a
+/// Sync dropped, or that the client closed, opens no block, so the `ROLLBACK` after only
+/// warns and the `SET` before it stands. In each, the write is checked at the epoch `SHOW`
+/// gives (here the stale one: PF001). pgfence had counted the `SET` (or the block) and
+/// passed the write; straight to Postgres (the control) it lands.
+#[tokio::test]
+async fn statements_that_fail_whatever_the_data_count_for_nothing_behind_them() {
+    use crate::common::raw::{bind, codes, execute, first_value, message, parse, query, sync};
+    let f = Fixture::at_epoch_two().await;
+    let run = |sql: &str| [parse("", sql), bind("", "", &[]), execute("")].concat();
+    let begin_bound = [parse("", "BEGIN"), bind("p", "", &[])].concat();
+    // (what, the epoch at startup, the pipeline up to the write, how many it answers)
+    let cases = [
+        (
+            "EXECUTE of no prepared statement, then SET",
+            "1",
+            [run("EXECUTE nosuch"), run("SET pgfence.epoch = 2"), sync()].concat(),
+            1,
+        ),
+        (
+            "the same in one string",
+            "1",
+            query("EXECUTE nosuch; SET pgfence.epoch = 2"),
+            1,
+        ),
+        (
+            "a BEGIN portal dropped at its Sync",
+            "2",
+            [
+                begin_bound.clone(),
+                sync(),
+                execute("p"),
+                sync(),
+                query("SET pgfence.epoch = 1"),
+                query("ROLLBACK"),
+            ]
+            .concat(),
+            4,
+        ),
+        (
+            "a BEGIN portal closed by the client",
+            "2",
+            [
+                begin_bound,
+                message(b'C', b"Pp\0"),
+                execute("p"),
+                sync(),
+                query("SET pgfence.epoch = 1"),
+                query("ROLLBACK"),
+            ]
+            .concat(),
+            3,
+        ),
+    ];
+    for (what, start, pipeline, answers) in cases {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let through = port == f.proxy.port();
+            let mut s = f.raw(port, start, &[]).await;
+            s.send(&[pipeline.clone(), query("SHOW pgfence.epoch"), query(WRITE)].concat())
+                .await;
+            for _ in 0..answers {
+                s.read_until(|m| m.tag == b'Z').await;
+            }
+            let shown = first_value(&s.read_until(|m| m.tag == b'Z').await);
+            let wrote = codes(&s.read_until(|m| m.tag == b'Z').await);
+            assert_eq!(shown.as_deref(), Some("1"), "{what}, through pgfence: {through}");
+            f.verdict(port, wrote, "PF001").await;
+        }
+    }
+}
