@@ -343,10 +343,12 @@ impl Dispatcher {
                     }
                 }
                 need => {
+                    let conditional = need.missing_name().is_some();
                     if let Some((injected, call)) = self.simple_check(shared, need, single) {
-                        // A refusal raises whatever the data; one that asks whether a name
-                        // is prepared fails either way (raised, or Postgres' own 26000).
-                        fails |= matches!(injected, Injected::Reject(_));
+                        // A refusal raises whatever the data (but for one that asks whether
+                        // a name is prepared, which may stand for a statement pgfence took
+                        // for an `EXECUTE` and that runs).
+                        fails |= matches!(injected, Injected::Reject(_)) && !conditional;
                         out.copy(before);
                         out.add(&call);
                         out.add(";");
@@ -999,15 +1001,29 @@ impl Dispatcher {
             let if_prepared = need.missing_name();
             if let Some(decision) = self.decide(need) {
                 // A refusal raises whatever the data: Postgres skips the rest of the batch.
-                // One that asks whether a name is prepared fails either way (raised, or
-                // Postgres' own 26000).
-                self.doomed |= matches!(decision, Decision::Reject(_));
+                // Not one that asks whether a name is prepared: it stands for statements
+                // pgfence may take for an `EXECUTE` that are none, which then run.
+                self.doomed |= matches!(decision, Decision::Reject(_)) && if_prepared.is_none();
                 self.inject_extended(shared, decision, if_prepared, out);
             }
             self.tx_ended = matches!(stmt.kind, StmtKind::EndTransaction { chain: false, .. });
             // Answered with the Sync that ends this batch.
             if let Some(e) = self.note_effects(shared, &stmt.kind, self.batch, self.sent + 1) {
                 effect = Some(e);
+            }
+            // Portals it drops run no `BEGIN` after it (a transaction's end, `CLOSE`,
+            // `DISCARD ALL`).
+            let gone = match &effect {
+                Some(Effect::PortalsGone { portal, .. }) => Some(portal.as_deref()),
+                Some(Effect::DiscardAll(_)) => Some(None),
+                _ => None,
+            };
+            if let Some(portal) = gone {
+                for (name, e) in shared.portals.iter_mut() {
+                    if portal.is_none_or(|p| p == name) {
+                        e.begins = false;
+                    }
+                }
             }
         }
         if !writes {

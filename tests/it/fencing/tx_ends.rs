@@ -417,13 +417,12 @@ async fn what_was_answered_before_a_sync_counts_for_what_follows() {
     }
 }
 
-/// Statements that fail whatever the data do not count for what is pipelined behind them:
-/// SQL `EXECUTE` of a name no one prepared (Postgres' 26000, or pgfence's refusal where it
-/// may be prepared unseen) skips the `SET` after it; an Execute of a `BEGIN` portal that a
-/// Sync dropped, or that the client closed, opens no block, so the `ROLLBACK` after only
-/// warns and the `SET` before it stands. In each, the write is checked at the epoch `SHOW`
-/// gives (here the stale one: PF001). pgfence had counted the `SET` (or the block) and
-/// passed the write; straight to Postgres (the control) it lands.
+/// Statements that fail whatever the data count for nothing pipelined behind them, and
+/// those that may not fail count for what they do: an Execute of a `BEGIN` portal that Postgres no longer holds (dropped at its Sync, closed by
+/// the client, or dropped by a `COMMIT` before it in the batch) opens no block, so the
+/// `ROLLBACK` after only warns and the `SET` before it stands. The write is checked at the
+/// epoch `SHOW` gives (here the stale one: PF001). pgfence had counted the block and passed
+/// the write; straight to Postgres (the control) it lands.
 #[tokio::test]
 async fn statements_that_fail_whatever_the_data_count_for_nothing_behind_them() {
     use crate::common::raw::{bind, codes, execute, first_value, message, parse, query, sync};
@@ -432,17 +431,27 @@ async fn statements_that_fail_whatever_the_data_count_for_nothing_behind_them() 
     let begin_bound = [parse("", "BEGIN"), bind("p", "", &[])].concat();
     // (what, the epoch at startup, the pipeline up to the write, how many it answers)
     let cases = [
+        // Not failing: taken for an `EXECUTE` of a name no one prepared, whose refusal
+        // raises only if it is prepared, it runs, and so does the `SET` after it.
         (
-            "EXECUTE of no prepared statement, then SET",
-            "1",
-            [run("EXECUTE nosuch"), run("SET pgfence.epoch = 2"), sync()].concat(),
+            "a statement taken for an EXECUTE, then SET",
+            "2",
+            query("CREATE TEMP VIEW v AS SELECT 1 AS execute FROM pg_class LIMIT 1; SET pgfence.epoch = 1"),
             1,
         ),
         (
-            "the same in one string",
-            "1",
-            query("EXECUTE nosuch; SET pgfence.epoch = 2"),
-            1,
+            "a BEGIN portal dropped by a COMMIT",
+            "2",
+            [
+                begin_bound.clone(),
+                run("COMMIT"),
+                execute("p"),
+                sync(),
+                query("SET pgfence.epoch = 1"),
+                query("ROLLBACK"),
+            ]
+            .concat(),
+            3,
         ),
         (
             "a BEGIN portal dropped at its Sync",
