@@ -457,11 +457,30 @@ fn is_false(text: &str, v: &Token) -> bool {
 }
 
 /// `CREATE TABLE … AS EXECUTE name` runs a prepared statement.
+/// Only where Postgres' grammar puts it: `AS EXECUTE name [(args)] [WITH [NO] DATA]` outside
+/// any parentheses, ending the statement. Anywhere else the words are something else (a
+/// column named `execute`), and taking the statement for an `EXECUTE` would leave the rest
+/// of it unread: a data-modifying `WITH` before them would run unguarded.
 pub(super) fn as_execute(text: &str, lexing: Lexing) -> Option<String> {
     let mut c = Cur::new(text, lexing);
+    let mut depth = 0usize;
     while let Some(t) = c.toks.next() {
-        if t.is_word(text, "as") && c.eat_word("execute") {
-            return c.decoded_ident();
+        if t.is_punct(b'(') {
+            depth += 1;
+        } else if t.is_punct(b')') {
+            depth = depth.saturating_sub(1);
+        } else if depth == 0 && t.is_word(text, "as") && c.eat_word("execute") {
+            let name = c.decoded_ident()?;
+            if c.eat_punct(b'(') && !c.skip_parens() {
+                return None;
+            }
+            if c.eat_word("with") {
+                let _ = c.eat_word("no");
+                if !c.eat_word("data") {
+                    return None;
+                }
+            }
+            return c.done().then_some(name);
         }
     }
     None

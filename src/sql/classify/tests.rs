@@ -291,6 +291,18 @@ const ROWS: &[(&str, &str)] = &[
     ("CREATE PUBLICATION p FOR TABLE invoices WHERE (a > 1)", "other"),
     ("CREATE TABLE t2 AS SELECT * FROM invoices", "other"),
     ("CREATE TABLE t2 AS EXECUTE p", "execute p"),
+    (
+        "CREATE TEMP TABLE t2 (a, b) AS EXECUTE p (1, 'x') WITH NO DATA",
+        "execute p",
+    ),
+    ("create table t2 as execute p with data", "execute p"),
+    // The words elsewhere are no EXECUTE: the statement is read for what it is.
+    (
+        "CREATE TEMP TABLE t2 AS WITH u AS (DELETE FROM invoices RETURNING id) SELECT id AS execute FROM u",
+        "write:invoices",
+    ),
+    ("CREATE VIEW v AS SELECT 1 AS execute FROM pg_class", "other"),
+    ("CREATE TABLE t2 AS SELECT 1 AS execute WITH DATA", "other"),
     ("CREATE TABLE t2 (LIKE invoices)", "other"),
     // What pg_dump writes beside a fenced table's definition.
     (

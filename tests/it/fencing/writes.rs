@@ -619,3 +619,30 @@ async fn a_concurrent_detach_of_a_fenced_partition_cannot_be_guarded() {
     current.batch_execute(detach).await.unwrap();
     assert!(!attached().await);
 }
+
+/// A column named `execute` is no `CREATE TABLE … AS EXECUTE`: the statement is read for
+/// what it is, and the data-modifying `WITH` in it is a fenced write, refused at a stale
+/// epoch (PF001) in both protocols. Taken for an `EXECUTE` of a name no one prepared, it
+/// ran unguarded; straight to Postgres (the control) the stale write lands.
+#[tokio::test]
+async fn a_column_named_execute_hides_no_write() {
+    let f = Fixture::at_epoch_two().await;
+    let sql = "CREATE TEMP TABLE t2 AS WITH u AS (UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id) \
+               SELECT id AS execute FROM u";
+    for extended in [false, true] {
+        for port in [f.proxy.port(), f.cluster.port()] {
+            let s = crate::common::pg::connect(port, &f.db, "-c pgfence.epoch=1").await;
+            let r = if extended {
+                s.execute(sql, &[]).await.map(|_| ())
+            } else {
+                s.batch_execute(sql).await
+            };
+            let got = r
+                .err()
+                .and_then(|e| e.code().map(|c| c.code().to_owned()))
+                .into_iter()
+                .collect();
+            f.verdict(port, got, "PF001").await;
+        }
+    }
+}
