@@ -218,7 +218,8 @@ pub struct Definition {
     /// It stands for several definitions merged (`MAX_DEFINITIONS`).
     pub merged: bool,
     /// Its text opens a transaction block (a `BEGIN` or `START TRANSACTION`), or may: a
-    /// Bind of it counts as a `BEGIN`. Merged definitions begin if any of them did.
+    /// portal bound from it opens one when executed, where every definition the name may
+    /// hold begins ([`PortalEntry::begins`]). Merged definitions begin if any of them did.
     pub begins: bool,
 }
 

@@ -201,8 +201,8 @@ impl Ctx<'_> {
         };
         // The keyword SAVEPOINT is optional after RELEASE and TO, and is also a valid
         // savepoint name: `RELEASE savepoint` releases the one named "savepoint".
-        // A name pgfence cannot read as Postgres will (a `U&"…"` with an escape character
-        // given other than as a plain string) may still name a savepoint: read as anything
+        // A name pgfence cannot read as Postgres will (a `U&"…"` whose escape character is
+        // itself escaped, `UESCAPE E'\041'`) may still name a savepoint: read as anything
         // else, a `ROLLBACK TO` would look like a rollback of the whole transaction, and
         // the declarations it keeps would be lost. It may do anything (refused, PF004),
         // where there are fences.
