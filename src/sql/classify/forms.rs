@@ -456,34 +456,141 @@ fn is_false(text: &str, v: &Token) -> bool {
     word.is_some_and(|w| w.eq_ignore_ascii_case("false") || w.eq_ignore_ascii_case("off"))
 }
 
-/// `CREATE TABLE … AS EXECUTE name` runs a prepared statement.
-/// Only where Postgres' grammar puts it: `AS EXECUTE name [(args)] [WITH [NO] DATA]` outside
-/// any parentheses, ending the statement. Anywhere else the words are something else (a
-/// column named `execute`), and taking the statement for an `EXECUTE` would leave the rest
-/// of it unread: a data-modifying `WITH` before them would run unguarded.
-pub(super) fn as_execute(text: &str, lexing: Lexing) -> Option<String> {
+/// How a `CREATE` statement stands to `CREATE TABLE … AS EXECUTE name`, which runs a
+/// prepared statement.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum AsExecute {
+    /// It is one, of this statement name.
+    Is(String),
+    /// It is none: the statement is read for what it is.
+    No,
+    /// A `CREATE … TABLE` with the words `AS EXECUTE` outside parentheses that is not
+    /// in the grammar's shape: what it runs cannot be told, so it fails closed.
+    Unreadable,
+}
+
+/// Reads `CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE [IF NOT EXISTS] name
+/// [(columns)] [USING method] [WITH (options) | WITHOUT OIDS] [ON COMMIT …] [TABLESPACE ts]
+/// AS EXECUTE name [(args)] [WITH [NO] DATA]`, Postgres' grammar for it, token by token
+/// from the start. The words `AS EXECUTE` anywhere else are something else (a column
+/// named `execute`), and taking the statement for an `EXECUTE` would leave the rest of it
+/// unread: a data-modifying `WITH` before them would run unguarded.
+pub(super) fn as_execute(text: &str, lexing: Lexing) -> AsExecute {
+    match as_execute_strict(text, lexing) {
+        Some(Some(name)) => AsExecute::Is(name),
+        Some(None) => AsExecute::No,
+        // Not in the shape read above: only a CREATE … TABLE that holds the words at the
+        // top level might still be one, in a form this reader does not know.
+        None if creates_table_with_as_execute(text, lexing) => AsExecute::Unreadable,
+        None => AsExecute::No,
+    }
+}
+
+/// `Some(Some(name))`: the statement is `CREATE TABLE … AS EXECUTE name`; `Some(None)`: its
+/// `AS` is followed by a query, or it is no `CREATE … TABLE`; `None`: not read to its end.
+fn as_execute_strict(text: &str, lexing: Lexing) -> Option<Option<String>> {
     let mut c = Cur::new(text, lexing);
+    if !c.eat_word("create") {
+        return Some(None);
+    }
+    if c.eat_word("global") || c.eat_word("local") {
+        if !(c.eat_word("temp") || c.eat_word("temporary")) {
+            return Some(None);
+        }
+    } else {
+        let _ = c.eat_word("temp") || c.eat_word("temporary") || c.eat_word("unlogged");
+    }
+    if !c.eat_word("table") {
+        return Some(None);
+    }
+    if c.eat_word("if") && !(c.eat_word("not") && c.eat_word("exists")) {
+        return None;
+    }
+    if !skip_name(&mut c) {
+        return None;
+    }
+    while c.eat_punct(b'.') {
+        if !skip_name(&mut c) {
+            return None;
+        }
+    }
+    if c.eat_punct(b'(') && !c.skip_parens() {
+        return None;
+    }
+    if c.eat_word("using") && !skip_name(&mut c) {
+        return None;
+    }
+    if c.eat_word("with") {
+        if !(c.eat_punct(b'(') && c.skip_parens()) {
+            return None;
+        }
+    } else if c.eat_word("without") && !c.eat_word("oids") {
+        return None;
+    }
+    if c.eat_word("on") {
+        let action = c.eat_word("commit")
+            && (c.eat_word("drop") || (c.eat_word("delete") || c.eat_word("preserve")) && c.eat_word("rows"));
+        if !action {
+            return None;
+        }
+    }
+    if c.eat_word("tablespace") && !skip_name(&mut c) {
+        return None;
+    }
+    if !c.eat_word("as") {
+        return None;
+    }
+    if !c.eat_word("execute") {
+        return Some(None);
+    }
+    let name = c.decoded_ident()?;
+    if c.eat_punct(b'(') && !c.skip_parens() {
+        return None;
+    }
+    if c.eat_word("with") {
+        let _ = c.eat_word("no");
+        if !c.eat_word("data") {
+            return None;
+        }
+    }
+    c.done().then_some(Some(name))
+}
+
+/// Skips one part of a name: an identifier, or a `U&"…"` one with its `UESCAPE 'c'`.
+fn skip_name(c: &mut Cur) -> bool {
+    let Some(t) = c.toks.next() else {
+        return false;
+    };
+    match t.kind {
+        TokenKind::Word | TokenKind::QuotedIdent => true,
+        TokenKind::UnicodeIdent => !c.eat_word("uescape") || c.toks.next().is_some(),
+        _ => false,
+    }
+}
+
+/// Whether a statement starts `CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE`
+/// and holds `AS EXECUTE` outside parentheses.
+fn creates_table_with_as_execute(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    if !c.eat_word("create") {
+        return false;
+    }
+    let _ = c.eat_word("global") || c.eat_word("local");
+    let _ = c.eat_word("temp") || c.eat_word("temporary") || c.eat_word("unlogged");
+    if !c.eat_word("table") {
+        return false;
+    }
     let mut depth = 0usize;
     while let Some(t) = c.toks.next() {
         if t.is_punct(b'(') {
             depth += 1;
         } else if t.is_punct(b')') {
             depth = depth.saturating_sub(1);
-        } else if depth == 0 && t.is_word(text, "as") && c.eat_word("execute") {
-            let name = c.decoded_ident()?;
-            if c.eat_punct(b'(') && !c.skip_parens() {
-                return None;
-            }
-            if c.eat_word("with") {
-                let _ = c.eat_word("no");
-                if !c.eat_word("data") {
-                    return None;
-                }
-            }
-            return c.done().then_some(name);
+        } else if depth == 0 && t.is_word(text, "as") && c.peek_is_word("execute") {
+            return true;
         }
     }
-    None
+    false
 }
 
 /// Whether a statement sqlparser could not parse only defines an object that reads a

@@ -421,10 +421,18 @@ impl<'a> Ctx<'a> {
     /// INSERT, UPDATE, DELETE, MERGE, WITH, TRUNCATE, ALTER, DROP, CREATE, …
     fn general(&mut self, span: Range<usize>, first: &str) -> StmtKind {
         let text = self.text(&span);
-        if first == "create"
-            && let Some(name) = forms::as_execute(text, self.lexing)
-        {
-            return StmtKind::Execute { name };
+        if first == "create" {
+            match forms::as_execute(text, self.lexing) {
+                forms::AsExecute::Is(name) => return StmtKind::Execute { name },
+                forms::AsExecute::Unreadable => {
+                    let all = Hits {
+                        all: true,
+                        ..Hits::default()
+                    };
+                    return all.into_unanalysable(self.fences);
+                }
+                forms::AsExecute::No => {}
+            }
         }
         if matches!(first, "create" | "alter") && forms::starts_a_subscription(text, self.lexing) {
             let all = Hits {

@@ -303,6 +303,29 @@ const ROWS: &[(&str, &str)] = &[
     ),
     ("CREATE VIEW v AS SELECT 1 AS execute FROM pg_class", "other"),
     ("CREATE TABLE t2 AS SELECT 1 AS execute WITH DATA", "other"),
+    // After the words, a reserved word and parentheses are no statement name and
+    // arguments: the statement is read from its start, in the grammar's shape.
+    (
+        "CREATE TABLE t2 AS WITH u AS (UPDATE invoices SET a = 1 RETURNING id) SELECT 1 AS execute WHERE (true)",
+        "write:invoices",
+    ),
+    (
+        "CREATE TEMP TABLE IF NOT EXISTS t2 (a) AS WITH u AS (DELETE FROM invoices RETURNING id) \
+         SELECT 1 AS EXECUTE where (1=1) with data",
+        "pf004:0",
+    ),
+    (
+        "create global temp table if not exists s.t2 (a, b) using heap with (fillfactor = 70) \
+         on commit preserve rows tablespace pg_default as execute U&\"p!0031\" uescape '!' (1, ')') with no data",
+        "execute p1",
+    ),
+    (
+        "CREATE UNLOGGED TABLE t2 WITHOUT OIDS ON COMMIT DROP AS EXECUTE \"P\"",
+        "execute P",
+    ),
+    // The words at the top level of a CREATE TABLE in no shape the grammar has.
+    ("CREATE TABLE t2 ON COMMIT KEEP AS EXECUTE p", "pf004:0,1,2"),
+    ("CREATE TABLE if AS EXECUTE p", "pf004:0,1,2"),
     ("CREATE TABLE t2 (LIKE invoices)", "other"),
     // What pg_dump writes beside a fenced table's definition.
     (

@@ -623,13 +623,19 @@ async fn a_concurrent_detach_of_a_fenced_partition_cannot_be_guarded() {
 /// A column named `execute` is no `CREATE TABLE … AS EXECUTE`: the statement is read for
 /// what it is, and the data-modifying `WITH` in it is a fenced write, refused at a stale
 /// epoch (PF001) in both protocols. Taken for an `EXECUTE` of a name no one prepared, it
-/// ran unguarded; straight to Postgres (the control) the stale write lands.
+/// ran unguarded; straight to Postgres (the control) the stale write lands. Also where
+/// what follows the column name could pass for a statement name and its arguments.
 #[tokio::test]
 async fn a_column_named_execute_hides_no_write() {
     let f = Fixture::at_epoch_two().await;
-    let sql = "CREATE TEMP TABLE t2 AS WITH u AS (UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id) \
-               SELECT id AS execute FROM u";
-    for extended in [false, true] {
+    let with = "CREATE TEMP TABLE t2 AS WITH u AS (UPDATE sweep_state SET note = 'stale' WHERE id = 1 RETURNING id)";
+    for (sql, extended) in [
+        (format!("{with} SELECT id AS execute FROM u"), false),
+        (format!("{with} SELECT id AS execute FROM u"), true),
+        (format!("{with} SELECT 1 AS execute WHERE (true)"), false),
+        (format!("{with} SELECT (SELECT id FROM u) AS execute LIMIT (1)"), true),
+    ] {
+        let sql = sql.as_str();
         for port in [f.proxy.port(), f.cluster.port()] {
             let s = crate::common::pg::connect(port, &f.db, "-c pgfence.epoch=1").await;
             let r = if extended {
