@@ -490,17 +490,7 @@ pub(super) fn as_execute(text: &str, lexing: Lexing) -> AsExecute {
 /// `AS` is followed by a query, or it is no `CREATE … TABLE`; `None`: not read to its end.
 fn as_execute_strict(text: &str, lexing: Lexing) -> Option<Option<String>> {
     let mut c = Cur::new(text, lexing);
-    if !c.eat_word("create") {
-        return Some(None);
-    }
-    if c.eat_word("global") || c.eat_word("local") {
-        if !(c.eat_word("temp") || c.eat_word("temporary")) {
-            return Some(None);
-        }
-    } else {
-        let _ = c.eat_word("temp") || c.eat_word("temporary") || c.eat_word("unlogged");
-    }
-    if !c.eat_word("table") {
+    if !create_table(&mut c) {
         return Some(None);
     }
     if c.eat_word("if") && !(c.eat_word("not") && c.eat_word("exists")) {
@@ -568,16 +558,22 @@ fn skip_name(c: &mut Cur) -> bool {
     }
 }
 
-/// Whether a statement starts `CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE`
-/// and holds `AS EXECUTE` outside parentheses.
-fn creates_table_with_as_execute(text: &str, lexing: Lexing) -> bool {
-    let mut c = Cur::new(text, lexing);
+/// Eats `CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE`, if the statement
+/// starts so.
+fn create_table(c: &mut Cur) -> bool {
     if !c.eat_word("create") {
         return false;
     }
     let _ = c.eat_word("global") || c.eat_word("local");
     let _ = c.eat_word("temp") || c.eat_word("temporary") || c.eat_word("unlogged");
-    if !c.eat_word("table") {
+    c.eat_word("table")
+}
+
+/// Whether a statement starts as [`create_table`] reads and holds `AS EXECUTE` outside
+/// parentheses.
+fn creates_table_with_as_execute(text: &str, lexing: Lexing) -> bool {
+    let mut c = Cur::new(text, lexing);
+    if !create_table(&mut c) {
         return false;
     }
     let mut depth = 0usize;
@@ -626,12 +622,7 @@ pub(super) fn defines_a_reader(text: &str, lexing: Lexing) -> bool {
 /// data-modifying keyword.
 pub(super) fn creates_a_table(text: &str, lexing: Lexing) -> bool {
     let mut c = Cur::new(text, lexing);
-    if !c.eat_word("create") {
-        return false;
-    }
-    let _ = c.eat_word("global") || c.eat_word("local");
-    let _ = c.eat_word("temp") || c.eat_word("temporary") || c.eat_word("unlogged");
-    if !c.eat_word("table") {
+    if !create_table(&mut c) {
         return false;
     }
     if c.eat_word("if") && !(c.eat_word("not") && c.eat_word("exists")) {
