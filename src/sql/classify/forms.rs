@@ -493,10 +493,16 @@ fn as_execute_strict(text: &str, lexing: Lexing) -> Option<Option<String>> {
     if !create_table(&mut c) {
         return Some(None);
     }
-    if c.eat_word("if") && !(c.eat_word("not") && c.eat_word("exists")) {
-        return None;
+    // `if` is unreserved: without `NOT` after it, it is the table's (or schema's) name.
+    let mut named = false;
+    if c.eat_word("if") {
+        if !c.eat_word("not") {
+            named = true;
+        } else if !c.eat_word("exists") {
+            return None;
+        }
     }
-    if !skip_name(&mut c) {
+    if !named && !skip_name(&mut c) {
         return None;
     }
     while c.eat_punct(b'.') {

@@ -325,7 +325,11 @@ const ROWS: &[(&str, &str)] = &[
     ),
     // The words at the top level of a CREATE TABLE in no shape the grammar has.
     ("CREATE TABLE t2 ON COMMIT KEEP AS EXECUTE p", "pf004:0,1,2"),
-    ("CREATE TABLE if AS EXECUTE p", "pf004:0,1,2"),
+    // `if` is unreserved: a table or schema may be named so.
+    ("CREATE TABLE if AS EXECUTE p", "execute p"),
+    ("CREATE TABLE if.t2 AS SELECT 1 AS execute", "other"),
+    ("CREATE TABLE IF NOT EXISTS if AS EXECUTE p", "execute p"),
+    ("CREATE TABLE IF NOT if AS EXECUTE p", "pf004:0,1,2"),
     ("CREATE TABLE t2 (LIKE invoices)", "other"),
     // What pg_dump writes beside a fenced table's definition.
     (
