@@ -17,7 +17,9 @@
 #   (docs: FACTS.md), so the targets run in interleaved rounds, in rotating order, and we quote
 #   the median of per-round ratios rather than a ratio of medians.
 # - CPU per transaction of each middleware (utime+stime from /proc/PID/stat around each run): it
-#   is what a proxy costs even when the machine has cores to spare.
+#   is what a proxy costs even when the machine has cores to spare. Split into user and system
+#   time too: a relaying proxy's system time (its reads and writes on both sockets) is a floor
+#   that its own code cannot lower.
 # - Latency at c=1, -S -M prepared, with everything pinned to CPU 0: unpinned c=1 runs swing 5x on
 #   this VM. Mean and p99 come from pgbench's per-transaction log.
 # - The cost of fencing (target "fenced"): a second pgfence process whose config fences
@@ -80,6 +82,16 @@ cpu_ticks() {
   # shellcheck disable=SC2086 # word splitting is the point
   set -- $stat
   echo $((${12} + ${13}))
+}
+
+# stime alone, in clock ticks (as cpu_ticks).
+sys_ticks() {
+  local stat
+  stat=$(<"/proc/$1/stat")
+  stat=${stat##*) }
+  # shellcheck disable=SC2086 # word splitting is the point
+  set -- $stat
+  echo "${13}"
 }
 
 # CPU ticks of the whole Postgres server: the postmaster with the children it has reaped
@@ -293,29 +305,33 @@ pid_of() {
   case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
 }
 
-# run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks server_cpu_ticks"
-# (middleware ticks "-" for direct). Fails loudly with pgbench's output when a run fails: a
+# run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks server_cpu_ticks
+# middleware_system_ticks" (middleware ticks "-" for direct). Fails loudly with pgbench's output when a run fails: a
 # silent zero would poison medians.
 run_pgbench() {
-  local target=$1 pid before after out tps tx ticks server_before server_after
+  local target=$1 pid before after sys_before sys_after out tps tx ticks sys server_before server_after
   shift
   pid=$(pid_of "$target")
-  [ -z "$pid" ] || before=$(cpu_ticks "$pid")
+  [ -z "$pid" ] || { before=$(cpu_ticks "$pid") && sys_before=$(sys_ticks "$pid"); }
   server_before=$(server_ticks)
   # PgBouncer refuses an `options` startup parameter; only pgfence gets the epoch.
   local opts=
   [ "$target" != fenced ] && [ "$target" != rewrite ] || opts=$FENCED_OPTIONS
   out=$(PGOPTIONS=$opts "$@" -p "$(port_of "$target")" "$DB" 2>&1) ||
     { echo "$out" >&2; die "pgbench failed against $target"; }
-  [ -z "$pid" ] || after=$(cpu_ticks "$pid")
+  [ -z "$pid" ] || { after=$(cpu_ticks "$pid") && sys_after=$(sys_ticks "$pid"); }
   # Let the run's backends exit and be reaped, so their time lands in the postmaster's cutime.
   sleep 0.3
   server_after=$(server_ticks)
   tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | head -n 1)
   tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
   [ -n "$tps" ] && [ -n "$tx" ] || { echo "$out" >&2; die "could not read pgbench output ($target)"; }
-  if [ -n "$pid" ]; then ticks=$((after - before)); else ticks=-; fi
-  echo "$tps $tx $ticks $((server_after - server_before))"
+  if [ -n "$pid" ]; then
+    ticks=$((after - before)) sys=$((sys_after - sys_before))
+  else
+    ticks=- sys=-
+  fi
+  echo "$tps $tx $ticks $((server_after - server_before)) $sys"
 }
 
 # rotated ROUND INDEX: the targets starting at a different one each time, so no target always
@@ -339,8 +355,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
         args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
         [ "$workload" != select-only ] || args+=(-S)
         out=$(run_pgbench "$target" "${args[@]}")
-        read -r tps tx ticks server <<<"$out"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" "$server" >>"$RESULTS"
+        read -r tps tx ticks server sys <<<"$out"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" "$server" "$sys" >>"$RESULTS"
         log "round $round $workload $mode $target: $tps tps"
       done
     done
@@ -453,10 +469,11 @@ def med(xs):
     xs = [x for x in xs if x is not None]
     return median(xs) if xs else None
 
-# (workload, mode) -> round -> target -> (tps, middleware cpu µs/tx, server cpu µs/tx)
+# (workload, mode) -> round -> target -> (tps, middleware cpu µs/tx, server cpu µs/tx,
+# middleware system cpu µs/tx)
 runs = defaultdict(lambda: defaultdict(dict))
-for rnd, workload, mode, target, tps, tx, ticks, server in rows(results):
-    runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx), cpu_us(server, tx))
+for rnd, workload, mode, target, tps, tx, ticks, server, sys_ticks in rows(results):
+    runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx), cpu_us(server, tx), cpu_us(sys_ticks, tx))
 
 pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer"),
                              ("fenced", "pgfence"), ("rewrite", "pgfence")]
@@ -494,6 +511,20 @@ for (workload, mode), by_round in runs.items():
                            and None not in (r[t][1], r[t][2], r["pgfence"][1], r["pgfence"][2])), "+.1f"))
     table2.append(row)
 show(head2, table2)
+
+# A proxy that relays each message with one read and one write per side spends most of its CPU
+# in the kernel; its own code can only lower the user part.
+print("\nMiddleware CPU per transaction (medians), user and system time")
+head3 = ["workload", "mode"] + [f"{t} {part} us" for t in middle for part in ("user", "system")]
+table3 = []
+for (workload, mode), by_round in runs.items():
+    row = [workload, mode]
+    for t in middle:
+        row.append(fmt(med(r[t][1] - r[t][3] for r in by_round.values()
+                           if t in r and None not in (r[t][1], r[t][3])), ".1f"))
+        row.append(fmt(med(r[t][3] for r in by_round.values() if t in r), ".1f"))
+    table3.append(row)
+show(head3, table3)
 
 lat = defaultdict(list)
 for rnd, target, mean, p99, tx, ticks in rows(latency):
