@@ -73,25 +73,27 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# utime + stime of a whole process (all threads), in clock ticks. The command name in field 2 may
-# contain spaces, so count fields from the closing parenthesis.
-cpu_ticks() {
+# "utime stime" of a whole process (all threads), in clock ticks. The command name in field 2
+# may contain spaces, so count fields from the closing parenthesis.
+proc_times() {
   local stat
   stat=$(<"/proc/$1/stat")
   stat=${stat##*) }
   # shellcheck disable=SC2086 # word splitting is the point
   set -- $stat
-  echo $((${12} + ${13}))
+  echo "${12} ${13}"
 }
 
-# stime alone, in clock ticks (as cpu_ticks).
+# utime + stime, and stime alone.
+cpu_ticks() {
+  local u s
+  read -r u s <<<"$(proc_times "$1")"
+  echo $((u + s))
+}
 sys_ticks() {
-  local stat
-  stat=$(<"/proc/$1/stat")
-  stat=${stat##*) }
-  # shellcheck disable=SC2086 # word splitting is the point
-  set -- $stat
-  echo "${13}"
+  local u s
+  read -r u s <<<"$(proc_times "$1")"
+  echo "$s"
 }
 
 # CPU ticks of the whole Postgres server: the postmaster with the children it has reaped
