@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use super::context::DbFences;
 use super::declare::Declarations;
@@ -134,6 +134,10 @@ pub struct Dispatcher {
     /// it again would not only cost a statement: a completed statement makes what a
     /// suspended portal changed visible to the next one, which Postgres does not.
     batch_guard: Option<(u64, FenceId, Epoch)>,
+    /// The Bind, Execute and Close of pgfence's guard statement last sent, for this fence
+    /// and epoch: the same bytes every time (the statement and portal names are drawn once
+    /// per process, the arguments follow from the config), so later guards copy them.
+    guard_messages: Option<(FenceId, Epoch, Bytes)>,
     /// Bytes of rewrite-mode statements the current client message may still have
     /// rewritten ([`super::rewriting::REWRITE_BUDGET`]).
     pub(super) rewrite_budget: std::cell::Cell<usize>,
@@ -196,6 +200,7 @@ impl Dispatcher {
             query_prefix: None,
             ran_until: 0,
             batch_guard: None,
+            guard_messages: None,
             rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
             rw_serial: 0,
             ready: None,
@@ -1167,6 +1172,8 @@ impl Dispatcher {
         if_prepared: Option<String>,
         out: &mut BytesMut,
     ) {
+        // `Some` for a guard call whose messages may be cached.
+        let mut guard = None;
         let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
             Decision::Guard { fence, epoch } => {
                 if shared.guard_still_held(fence, epoch) || self.batch_guard == Some((self.batch, fence, epoch)) {
@@ -1176,8 +1183,14 @@ impl Dispatcher {
                 if self.probe_only(fence) {
                     (OwnStatement::Probe, Injected::Guard(fence, epoch), Vec::new())
                 } else {
-                    let (name, lease) = self.fence_args(fence);
-                    let params = guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec();
+                    guard = Some((fence, epoch));
+                    let cached = matches!(&self.guard_messages, Some((f, e, _)) if (*f, *e) == (fence, epoch));
+                    let params = if cached {
+                        Vec::new()
+                    } else {
+                        let (name, lease) = self.fence_args(fence);
+                        guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec()
+                    };
                     (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
                 }
             }
@@ -1224,14 +1237,23 @@ impl Dispatcher {
                 .push_back(Unit::Parse(Some(Injected::Prepare(own)), None, None));
             shared.own.insert(own, Prepared::InFlight(self.sent));
         }
-        let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
-        codec::bind_text(out, own_portal(), name, &params);
+        match (&self.guard_messages, guard) {
+            (Some((f, e, bytes)), Some(key)) if (*f, *e) == key => out.extend_from_slice(bytes),
+            _ => {
+                let start = out.len();
+                let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
+                codec::bind_text(out, own_portal(), name, &params);
+                codec::execute(out, own_portal());
+                codec::close_portal(out, own_portal());
+                if let Some((fence, epoch)) = guard {
+                    self.guard_messages = Some((fence, epoch, Bytes::copy_from_slice(&out[start..])));
+                }
+            }
+        }
         shared
             .pending
             .push_back(Unit::Bind(Some(Injected::Plumbing), None, None));
-        codec::execute(out, own_portal());
         shared.pending.push_back(Unit::Execute(Some(injected), None));
-        codec::close_portal(out, own_portal());
         shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
     }
 
