@@ -93,6 +93,11 @@ pub fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, StartupError> {
         CANCEL_REQUEST => {
             let pid = b.i32().ok_or(StartupError::Malformed)?;
             let secret = b.i32().ok_or(StartupError::Malformed)?;
+            // Protocol 3.0's key is these 8 bytes; Postgres 15 refuses a packet of any other
+            // length rather than match part of it.
+            if !b.rest().is_empty() {
+                return Err(StartupError::Malformed);
+            }
             Ok(FirstPacket::Cancel { pid, secret })
         }
         version => {
@@ -344,6 +349,9 @@ mod tests {
             parse_first_packet(&cancel).unwrap(),
             FirstPacket::Cancel { pid: 7, secret: -9 }
         );
+        // A longer key is not matched by its first bytes.
+        cancel.extend(1i32.to_be_bytes());
+        assert!(matches!(parse_first_packet(&cancel), Err(StartupError::Malformed)));
     }
 
     #[test]

@@ -329,6 +329,7 @@ fn cancel_packet(pid: i32, secret: i32) -> Vec<u8> {
 /// `get_server_pid()`, node-pg `processID`) and applications match it against
 /// `pg_backend_pid()` and NOTIFY sender pids, so the pid must be the upstream's; the secret
 /// stays pgfence's, so the client's key cancels nothing when sent to Postgres directly.
+/// Only a packet of exactly the key's length cancels.
 #[tokio::test]
 async fn backend_key_data_carries_the_upstream_pid_and_a_private_secret() {
     let cluster = Cluster::shared();
@@ -352,6 +353,20 @@ async fn backend_key_data_carries_the_upstream_pid_and_a_private_secret() {
     assert!(
         codes(&reply).is_empty(),
         "cancelled with the client's key sent to Postgres: {reply:?}"
+    );
+
+    // Through pgfence, the key with bytes after it is no CancelRequest, as in Postgres 15.
+    raw.send(&query("SELECT pg_sleep(1)")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut longer = Raw::connect(proxy.port()).await;
+    let mut packet = cancel_packet(pid, secret);
+    packet[0..4].copy_from_slice(&20u32.to_be_bytes());
+    packet.extend(0i32.to_be_bytes());
+    longer.send(&packet).await;
+    let reply = raw.read_until(|m| m.tag == b'Z').await;
+    assert!(
+        codes(&reply).is_empty(),
+        "cancelled by a longer packet that starts with the key: {reply:?}"
     );
 
     // Through pgfence it cancels.
