@@ -77,7 +77,11 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
         Ok(Ok(None)) => Ok(None),
         Ok(Err(e)) => {
             if let Some(err) = report(&e) {
-                let fatal = err.to_response();
+                let fatal = match e {
+                    // A client of protocol 2 or older reads only that protocol's errors.
+                    StartupError::UnsupportedProtocol(major, _) if major < 3 => protocol_2_fatal(&err.to_string()),
+                    _ => err.to_response(),
+                };
                 super::last_words(ctx, super::LAST_WORDS, client.write_all(&fatal)).await;
             }
             Err(e)
@@ -93,6 +97,17 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
 /// (SSL) or `1234.5680` (GSS).
 fn repeated(code: u32) -> StartupError {
     StartupError::UnsupportedProtocol(code >> 16, code & 0xffff)
+}
+
+/// A FATAL error in protocol 2's form, as Postgres answers a startup packet of that protocol
+/// or older: `E`, then the text with its severity, a newline and a NUL (no length, no fields).
+fn protocol_2_fatal(message: &str) -> BytesMut {
+    let mut out = BytesMut::with_capacity(message.len() + 10);
+    out.put_u8(b'E');
+    out.put_slice(b"FATAL:  ");
+    out.put_slice(message.as_bytes());
+    out.put_slice(b"\n\0");
+    out
 }
 
 /// Which startup errors get a FATAL before the close (Postgres closes silently on bad lengths).

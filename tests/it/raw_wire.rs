@@ -528,6 +528,39 @@ async fn encryption_requests_are_answered_as_postgres_answers_them() {
     still_fine(&bystander, &proxy).await;
 }
 
+/// A startup packet of protocol 2 or older is refused in that protocol's own error form, as
+/// Postgres refuses it (`E`, the text, a newline and a NUL), which such a client can read; a
+/// newer unknown major version gets protocol 3's ErrorResponse (0A000).
+#[tokio::test]
+async fn an_old_protocol_is_refused_in_its_own_error_form() {
+    use tokio::io::AsyncReadExt;
+    let (_db, proxy, bystander) = setup().await;
+    let cluster = Cluster::shared();
+    let answer = |port: u16, major: u32| async move {
+        let mut packet = 8u32.to_be_bytes().to_vec();
+        packet.extend((major << 16).to_be_bytes());
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(&packet).await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+            .await
+            .expect("closed")
+            .unwrap();
+        got
+    };
+    for major in [1, 2] {
+        let text = format!("unsupported frontend protocol {major}.0: server supports 3.0 to 3.0\n\0");
+        let direct = answer(cluster.port(), major).await;
+        assert_eq!(String::from_utf8_lossy(&direct), format!("EFATAL:  {text}"), "control");
+        let proxied = answer(proxy.port(), major).await;
+        assert_eq!(String::from_utf8_lossy(&proxied), format!("EFATAL:  pgfence: {text}"));
+    }
+    let newer = answer(proxy.port(), 4).await;
+    assert_eq!(newer.first(), Some(&b'E'));
+    assert!(newer.windows(6).any(|w| w == b"C0A000"), "{newer:?}");
+    still_fine(&bystander, &proxy).await;
+}
+
 /// A client that breaks the protocol inside COPY FROM STDIN: pgfence forwards what came
 /// before and ends the upstream's input, and Postgres ends the COPY with its own error and
 /// FATAL. That is the session's last word; pgfence adds no second FATAL.
