@@ -78,8 +78,11 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
         Ok(Err(e)) => {
             if let Some(err) = report(&e) {
                 let fatal = match e {
-                    // A client of protocol 2 or older reads only that protocol's errors.
-                    StartupError::UnsupportedProtocol(major, _) if major < 3 => protocol_2_fatal(&err.to_string()),
+                    // A client of protocol 2 or older reads only that protocol's errors. (Postgres
+                    // takes version 0.0 for none given, and answers it in protocol 3.)
+                    StartupError::UnsupportedProtocol(major, minor) if major < 3 && (major, minor) != (0, 0) => {
+                        protocol_2_fatal(&err.to_string())
+                    }
                     _ => err.to_response(),
                 };
                 super::last_words(ctx, super::LAST_WORDS, client.write_all(&fatal)).await;

@@ -530,7 +530,7 @@ async fn encryption_requests_are_answered_as_postgres_answers_them() {
 
 /// A startup packet of protocol 2 or older is refused in that protocol's own error form, as
 /// Postgres refuses it (`E`, the text, a newline and a NUL), which such a client can read; a
-/// newer unknown major version gets protocol 3's ErrorResponse (0A000).
+/// newer unknown major version, or 0.0, gets protocol 3's ErrorResponse (0A000).
 #[tokio::test]
 async fn an_old_protocol_is_refused_in_its_own_error_form() {
     use tokio::io::AsyncReadExt;
@@ -555,9 +555,14 @@ async fn an_old_protocol_is_refused_in_its_own_error_form() {
         let proxied = answer(proxy.port(), major).await;
         assert_eq!(String::from_utf8_lossy(&proxied), format!("EFATAL:  pgfence: {text}"));
     }
-    let newer = answer(proxy.port(), 4).await;
-    assert_eq!(newer.first(), Some(&b'E'));
-    assert!(newer.windows(6).any(|w| w == b"C0A000"), "{newer:?}");
+    // 4.0, and 0.0, which Postgres takes for no version given: protocol 3's form.
+    for major in [4, 0] {
+        for port in [cluster.port(), proxy.port()] {
+            let got = answer(port, major).await;
+            assert_eq!(got.first(), Some(&b'E'));
+            assert!(got.windows(6).any(|w| w == b"C0A000"), "{major}.0 on {port}: {got:?}");
+        }
+    }
     still_fine(&bystander, &proxy).await;
 }
 
