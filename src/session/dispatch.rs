@@ -1172,8 +1172,10 @@ impl Dispatcher {
         if_prepared: Option<String>,
         out: &mut BytesMut,
     ) {
-        // `Some` for a guard call whose messages may be cached.
+        // `Some` for a guard call, whose messages are cached; `cached`, what the same fence and
+        // epoch sent last.
         let mut guard = None;
+        let mut cached = None;
         let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
             Decision::Guard { fence, epoch } => {
                 if shared.guard_still_held(fence, epoch) || self.batch_guard == Some((self.batch, fence, epoch)) {
@@ -1184,8 +1186,11 @@ impl Dispatcher {
                     (OwnStatement::Probe, Injected::Guard(fence, epoch), Vec::new())
                 } else {
                     guard = Some((fence, epoch));
-                    let cached = matches!(&self.guard_messages, Some((f, e, _)) if (*f, *e) == (fence, epoch));
-                    let params = if cached {
+                    cached = match &self.guard_messages {
+                        Some((f, e, bytes)) if (*f, *e) == (fence, epoch) => Some(bytes.clone()),
+                        _ => None,
+                    };
+                    let params = if cached.is_some() {
                         Vec::new()
                     } else {
                         let (name, lease) = self.fence_args(fence);
@@ -1237,9 +1242,9 @@ impl Dispatcher {
                 .push_back(Unit::Parse(Some(Injected::Prepare(own)), None, None));
             shared.own.insert(own, Prepared::InFlight(self.sent));
         }
-        match (&self.guard_messages, guard) {
-            (Some((f, e, bytes)), Some(key)) if (*f, *e) == key => out.extend_from_slice(bytes),
-            _ => {
+        match cached {
+            Some(bytes) => out.extend_from_slice(&bytes),
+            None => {
                 let start = out.len();
                 let params: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
                 codec::bind_text(out, own_portal(), name, &params);
