@@ -9,6 +9,8 @@
 #                                              # the four pgbench tables, epoch 1 per session
 #   TARGETS="pgfence rewrite" ...              # rewrite mode on pgbench_accounts (adds last_epoch)
 #   TARGETS="direct pgbouncer" ...             # without pgfence
+#   TARGETS="pgfence noop fenced" MODES=simple WORKLOADS=tpcb-like ...
+#                                              # fencing against its floor (see "noop" below)
 #
 # What it does, and why:
 # - Throughput: pgbench (scale 10, c=8 j=2) for select-only (-S) and tpcb-like, each in
@@ -29,6 +31,11 @@
 #   a lease table (the guard's lease path). Target "rewrite": a third pgfence with
 #   pgbench_accounts in rewrite mode (a last_epoch column is added for every target), so each
 #   UPDATE of it gets `last_epoch = 1` and `last_epoch <= 1`.
+# - The floor of any check made inside the transaction (target "noop", tpcb-like -M simple
+#   only): the unfenced pgfence, with the client itself putting one empty prepared statement
+#   (`EXECUTE` of `SELECT 1`) in the same message as each transaction's first write, where
+#   fencing puts its guard. No check that Postgres runs in the writer's transaction can cost
+#   less than that statement, so noop/pgfence bounds what fenced/pgfence can reach here.
 # - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
 #
 # Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION),
@@ -137,6 +144,9 @@ for tool in python3 taskset; do command -v "$tool" >/dev/null || die "$tool not 
 if has_target pgbouncer; then
   BOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
   [ -x "$BOUNCER" ] || die "pgbouncer not installed (run: make bench-setup)"
+fi
+if has_target noop && ! has_target pgfence; then
+  die "target noop runs through the pgfence target's proxy: add pgfence to TARGETS"
 fi
 if has_target pgfence || has_target fenced || has_target rewrite; then
   if [ ! -x "$PGFENCE_BIN" ]; then
@@ -300,11 +310,31 @@ EOF
   FENCING="${FENCING:+$FENCING; }rewrite: pgbench_accounts in rewrite mode"
 fi
 
+# The noop target's transaction: pgbench's built-in tpcb-like, with one empty prepared statement
+# (prepared once per connection) sent in the same Query as the first UPDATE.
+cat >"$WORK/noop.sql" <<'SQL'
+\set aid random(1, 100000 * :scale)
+\set bid random(1, 1 * :scale)
+\set tid random(1, 10 * :scale)
+\set delta random(-5000, 5000)
+\if :noop_prepared = 0
+PREPARE noop_check AS SELECT 1;
+\set noop_prepared 1
+\endif
+BEGIN;
+EXECUTE noop_check \; UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+SQL
+
 port_of() {
-  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
+  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence | noop) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
 }
 pid_of() {
-  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
+  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence | noop) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
 }
 
 # run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks server_cpu_ticks
@@ -356,6 +386,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
       for target in $(rotated "$round" "$k"); do
         args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
         [ "$workload" != select-only ] || args+=(-S)
+        if [ "$target" = noop ]; then
+          # Only there can the client put a statement in the write's own message.
+          [ "$workload" = tpcb-like ] && [ "$mode" = simple ] || continue
+          args+=(-f "$WORK/noop.sql" -D noop_prepared=0 -s "$SCALE")
+        fi
         out=$(run_pgbench "$target" "${args[@]}")
         read -r tps tx ticks server sys <<<"$out"
         printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" "$server" "$sys" >>"$RESULTS"
@@ -377,6 +412,7 @@ if [ "$ROUNDS" -gt 0 ]; then
   log "latency: c=1 -S -M prepared, pinned to CPU 0, ${LATENCY_DURATION}s per run"
   for ((round = 1; round <= ROUNDS; round++)); do
     for target in $(rotated "$round" 0); do
+      [ "$target" != noop ] || continue
       prefix=$WORK/lat-$target-$round
       out=$(run_pgbench "$target" taskset -c 0 "$PGBENCH" -c 1 -j 1 -S -M prepared \
         -T "$LATENCY_DURATION" -l --log-prefix="$prefix")
@@ -412,7 +448,7 @@ if [ "$IDLE_SESSIONS" -gt 0 ]; then
   # Each client runs one query and then sleeps: a session that has been used, now idle.
   printf 'SELECT 1;\n\\sleep 600 s\n' >"$WORK/idle.sql"
   for target in "${TARGETS[@]}"; do
-    [ "$target" != direct ] || continue
+    [ "$target" != direct ] && [ "$target" != noop ] || continue
     pid=$(pid_of "$target")
     drop_pool "$target"
     base=$(client_backends)
@@ -478,7 +514,7 @@ for rnd, workload, mode, target, tps, tx, ticks, server, sys_ticks in rows(resul
     runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx), cpu_us(server, tx), cpu_us(sys_ticks, tx))
 
 pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer"),
-                             ("fenced", "pgfence"), ("rewrite", "pgfence")]
+                             ("noop", "pgfence"), ("fenced", "pgfence"), ("rewrite", "pgfence")]
          if a in targets and b in targets]
 head = ["workload", "mode"] + [f"{t} tps" for t in targets] + [f"{a}/{b}" for a, b in pairs] \
        + [f"{t} cpu us/tx" for t in middle]
@@ -501,7 +537,7 @@ show(head, table)
 # CPU is steadier than throughput on a shared machine: what each target costs the server and
 # itself per transaction, and, against unfenced pgfence, what fencing adds (the guard's cost).
 print("\nCPU per transaction (medians): the Postgres server for each target; what fencing adds (server + middleware) against pgfence")
-extra = [t for t in ("fenced", "rewrite") if t in targets and "pgfence" in targets]
+extra = [t for t in ("noop", "fenced", "rewrite") if t in targets and "pgfence" in targets]
 head2 = ["workload", "mode"] + [f"{t} server us" for t in targets] + [f"{t} extra us" for t in extra]
 table2 = []
 for (workload, mode), by_round in runs.items():
