@@ -9,7 +9,7 @@
 #                                              # the four pgbench tables, epoch 1 per session
 #   TARGETS="pgfence rewrite" ...              # rewrite mode on pgbench_accounts (adds last_epoch)
 #   TARGETS="direct pgbouncer" ...             # without pgfence
-#   TARGETS="pgfence noop fenced" MODES=simple WORKLOADS=tpcb-like ...
+#   TARGETS="pgfence noop fenced" WORKLOADS=tpcb-like ...
 #                                              # fencing against its floor (see "noop" below)
 #
 # What it does, and why:
@@ -31,11 +31,13 @@
 #   a lease table (the guard's lease path). Target "rewrite": a third pgfence with
 #   pgbench_accounts in rewrite mode (a last_epoch column is added for every target), so each
 #   UPDATE of it gets `last_epoch = 1` and `last_epoch <= 1`.
-# - The floor of any check made inside the transaction (target "noop", tpcb-like -M simple
-#   only): the unfenced pgfence, with the client itself putting one empty prepared statement
-#   (`EXECUTE` of `SELECT 1`) in the same message as each transaction's first write, where
-#   fencing puts its guard. No check that Postgres runs in the writer's transaction can cost
-#   less than that statement, so noop/pgfence bounds what fenced/pgfence can reach here.
+# - The floor of any check made inside the transaction (target "noop", tpcb-like -M simple and
+#   -M prepared): the unfenced pgfence, with the client itself sending one empty prepared
+#   statement (`SELECT 1`) right before each transaction's first write and in the same batch,
+#   where fencing puts its guard: in the same Query (`EXECUTE`, simple) or before the same Sync
+#   (a pgbench pipeline, prepared). No check that Postgres runs in the writer's transaction can
+#   cost less than that statement, so noop/pgfence bounds what fenced/pgfence can reach here.
+#   Not with -M extended, where pgbench would parse the empty statement anew each time.
 # - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
 #
 # Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION),
@@ -310,8 +312,8 @@ EOF
   FENCING="${FENCING:+$FENCING; }rewrite: pgbench_accounts in rewrite mode"
 fi
 
-# The noop target's transaction: pgbench's built-in tpcb-like, with one empty prepared statement
-# (prepared once per connection) sent in the same Query as the first UPDATE.
+# The noop target's transactions: pgbench's built-in tpcb-like, with one empty prepared statement
+# sent in the same Query as the first UPDATE (simple), or in the same pipeline (prepared).
 cat >"$WORK/noop.sql" <<'SQL'
 \set aid random(1, 100000 * :scale)
 \set bid random(1, 1 * :scale)
@@ -323,6 +325,22 @@ PREPARE noop_check AS SELECT 1;
 \endif
 BEGIN;
 EXECUTE noop_check \; UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+SQL
+cat >"$WORK/noop-pipeline.sql" <<'SQL'
+\set aid random(1, 100000 * :scale)
+\set bid random(1, 1 * :scale)
+\set tid random(1, 10 * :scale)
+\set delta random(-5000, 5000)
+BEGIN;
+\startpipeline
+SELECT 1;
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+\endpipeline
 SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
 UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
 UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
@@ -387,9 +405,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
         args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
         [ "$workload" != select-only ] || args+=(-S)
         if [ "$target" = noop ]; then
-          # Only there can the client put a statement in the write's own message.
-          [ "$workload" = tpcb-like ] && [ "$mode" = simple ] || continue
-          args+=(-f "$WORK/noop.sql" -D noop_prepared=0 -s "$SCALE")
+          [ "$workload" = tpcb-like ] || continue
+          case $mode in
+            simple) args+=(-f "$WORK/noop.sql" -D noop_prepared=0 -s "$SCALE") ;;
+            prepared) args+=(-f "$WORK/noop-pipeline.sql" -s "$SCALE") ;;
+            *) continue ;;
+          esac
         fi
         out=$(run_pgbench "$target" "${args[@]}")
         read -r tps tx ticks server sys <<<"$out"
