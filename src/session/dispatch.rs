@@ -5,6 +5,7 @@
 //! declarations assume every SET sent so far will succeed; they are re-synced
 //! with what Postgres confirmed whenever nothing is in flight.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -138,6 +139,9 @@ pub struct Dispatcher {
     /// and epoch: the same bytes every time (the statement and portal names are drawn once
     /// per process, the arguments follow from the config), so later guards copy them.
     guard_messages: Option<(FenceId, Epoch, Bytes)>,
+    /// The fence and epoch written into [`OwnStatement::ConstGuard`] by the last `PREPARE`
+    /// of it that pgfence sent (whether it is there is `Shared::own`'s to say).
+    const_guard: Option<(FenceId, Epoch)>,
     /// Bytes of rewrite-mode statements the current client message may still have
     /// rewritten ([`super::rewriting::REWRITE_BUDGET`]).
     pub(super) rewrite_budget: std::cell::Cell<usize>,
@@ -201,6 +205,7 @@ impl Dispatcher {
             ran_until: 0,
             batch_guard: None,
             guard_messages: None,
+            const_guard: None,
             rewrite_budget: std::cell::Cell::new(super::rewriting::REWRITE_BUDGET),
             rw_serial: 0,
             ready: None,
@@ -756,20 +761,80 @@ impl Dispatcher {
     /// transaction that holds its portal, which the client's `BEGIN` would have kept.
     fn prepare_ahead(&mut self, shared: &mut Shared) {
         let own = OwnStatement::Guard;
-        // Cheapest first: once prepared, every Query stops at the first test.
-        if shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
-            || self.speculative.epoch.current().is_none()
+        // Cheapest first: once both are prepared, every Query stops at the second test.
+        match shared.own.get(&own).copied().unwrap_or_default() {
+            Prepared::No => {}
+            // Where the schema is missing, or the name taken, the first PREPARE says so.
+            Prepared::Yes => return self.prepare_const_ahead(shared),
+            _ => return,
+        }
+        if self.speculative.epoch.current().is_none()
             || !self.fences.applicable.iter().any(|&f| !self.probe_only(f))
-            || shared.answered < self.ran_until
-            || shared.answered < self.dealloc_until
-            || self.bound_unsynced
-            || !shared.between_transactions()
+            || !self.may_prepare_now(shared)
         {
             return;
         }
         shared.own.insert(own, Prepared::BY_QUERY);
         shared.pending.push_back(Unit::OwnQuery(own));
         self.query_prefix = Some(guard_sql::guard_prepare(own.name()));
+    }
+
+    /// Once the guard statement is settled, the guard call for the session's fence and epoch
+    /// with its arguments written in ([`OwnStatement::ConstGuard`]), made again when they
+    /// change. Postgres evaluates an `EXECUTE`'s parameters in each transaction, about as
+    /// much server CPU as the guard's own work; this statement has none.
+    fn prepare_const_ahead(&mut self, shared: &mut Shared) {
+        let own = OwnStatement::ConstGuard;
+        let Some(wanted) = self.const_guard_wanted() else {
+            return;
+        };
+        let state = shared.own.get(&own).copied().unwrap_or_default();
+        let current = state == Prepared::Yes && self.const_guard == Some(wanted);
+        // In flight, or refused (the name may be a client's) until DISCARD or DEALLOCATE ALL.
+        if current || matches!(state, Prepared::InFlight(_) | Prepared::Unknown) || !self.may_prepare_now(shared) {
+            return;
+        }
+        let (name, lease) = self.fence_args(wanted.0);
+        let call = guard_sql::guard_call(name, wanted.1, lease, self.keeps_hwm(wanted.0));
+        let mut sql = String::with_capacity(call.len() + 96);
+        if state == Prepared::Yes {
+            // Only its PREPARE's answer settles the name (`Unit::OwnQuery`): if this fails,
+            // the PREPARE is skipped and the name is left for the extended protocol's way.
+            let _ = write!(sql, "DEALLOCATE {}; ", own.name());
+        }
+        let _ = write!(sql, "PREPARE {} AS {call}", own.name());
+        shared.own.insert(own, Prepared::BY_QUERY);
+        shared.pending.push_back(Unit::OwnQuery(own));
+        self.const_guard = Some(wanted);
+        self.query_prefix = Some(sql);
+    }
+
+    /// The fence and epoch the session's next fenced write would be guarded for, when pgfence
+    /// can tell and the fence is in reject mode (rewrite mode spells its calls out).
+    fn const_guard_wanted(&self) -> Option<(FenceId, Epoch)> {
+        let epoch = *self.speculative.epoch.current()?;
+        let fence = match self.speculative.fence.current() {
+            Some(n) => self
+                .fences
+                .applicable
+                .iter()
+                .copied()
+                .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == n))?,
+            None => match self.fences.applicable.as_slice() {
+                [only] => *only,
+                _ => return None,
+            },
+        };
+        self.keeps_hwm(fence).then_some((fence, epoch))
+    }
+
+    /// Whether pgfence may send a Query of its own before the client's now: between
+    /// transactions, with nothing of the client's that could change its statements in flight.
+    fn may_prepare_now(&self, shared: &Shared) -> bool {
+        shared.answered >= self.ran_until
+            && shared.answered >= self.dealloc_until
+            && !self.bound_unsynced
+            && shared.between_transactions()
     }
 
     /// The Query [`Self::on_query`] wants sent before the client's, if any.
@@ -794,15 +859,19 @@ impl Dispatcher {
                     return None;
                 }
                 let own = OwnStatement::Guard;
-                let prepared = shared.answered >= self.dealloc_until
-                    && shared.own.get(&own).copied().unwrap_or_default() == Prepared::Yes;
+                let settled = shared.answered >= self.dealloc_until;
+                let is_prepared = |s| shared.own.get(&s).copied().unwrap_or_default() == Prepared::Yes;
+                let prepared = settled && is_prepared(own);
                 let keep = self.keeps_hwm(fence);
                 let (name, lease) = self.fence_args(fence);
-                let call = if prepared {
-                    guard_sql::guard_execute(own.name(), name, epoch, lease, keep)
-                } else {
-                    guard_sql::guard_call(name, epoch, lease, keep)
-                };
+                let call =
+                    if settled && self.const_guard == Some((fence, epoch)) && is_prepared(OwnStatement::ConstGuard) {
+                        format!("EXECUTE {}", OwnStatement::ConstGuard.name())
+                    } else if prepared {
+                        guard_sql::guard_execute(own.name(), name, epoch, lease, keep)
+                    } else {
+                        guard_sql::guard_call(name, epoch, lease, keep)
+                    };
                 Some((Injected::Guard(fence, epoch), call))
             }
             Decision::Reject(r) => {
@@ -1222,7 +1291,10 @@ impl Dispatcher {
         let usable = !dropped && (prepared == Prepared::Yes || prepared == Prepared::InFlight(self.sent));
         if !usable {
             let (sql, types) = match own {
-                OwnStatement::Guard => (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec()),
+                // (The constant guard is the simple protocol's; never injected here.)
+                OwnStatement::Guard | OwnStatement::ConstGuard => {
+                    (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec())
+                }
                 OwnStatement::Reject => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
                 OwnStatement::Probe => (guard_sql::PROBE_SQL, Vec::new()),
                 OwnStatement::RejectIfPrepared => (

@@ -60,14 +60,19 @@ pub enum OwnStatement {
     /// `pgfence.reject` if a statement of that name is prepared
     /// (`fence::call::REJECT_IF_PREPARED_SQL`).
     RejectIfPrepared,
+    /// The guard call for one fence and epoch, its arguments written into it (simple
+    /// protocol only): an SQL `EXECUTE` with no parameters to evaluate, and a plan in which
+    /// Postgres has already folded what depends on them alone.
+    ConstGuard,
 }
 
 impl OwnStatement {
-    const ALL: [OwnStatement; 4] = [
+    const ALL: [OwnStatement; 5] = [
         OwnStatement::Guard,
         OwnStatement::Reject,
         OwnStatement::Probe,
         OwnStatement::RejectIfPrepared,
+        OwnStatement::ConstGuard,
     ];
 
     /// The statement a client names, when it is one of pgfence's.
@@ -82,6 +87,7 @@ impl OwnStatement {
             OwnStatement::Reject => 1,
             OwnStatement::Probe => 2,
             OwnStatement::RejectIfPrepared => 3,
+            OwnStatement::ConstGuard => 5,
         };
         &OWN_NAMES[i]
     }
@@ -97,7 +103,7 @@ pub fn own_portal() -> &'static str {
 /// statement or cursor that happens to be called `pgfence_p`) from colliding with them
 /// by chance; a client that looks them up (`pg_prepared_statements`) and takes one on
 /// purpose is handled as before (see [`Prepared::Unknown`]).
-static OWN_NAMES: LazyLock<[String; 5]> = LazyLock::new(|| {
+static OWN_NAMES: LazyLock<[String; 6]> = LazyLock::new(|| {
     use std::hash::{BuildHasher, Hasher};
     // Randomly keyed per process by the standard library; no other randomness needed.
     let tag = std::collections::hash_map::RandomState::new().build_hasher().finish() as u32;
@@ -107,6 +113,7 @@ static OWN_NAMES: LazyLock<[String; 5]> = LazyLock::new(|| {
         "pgfence_probe_v1",
         "pgfence_reject_if_prepared_v1",
         "pgfence_p",
+        "pgfence_guard_const_v1",
     ]
     .map(|name| format!("{name}_{tag:08x}"))
 });
@@ -705,7 +712,10 @@ impl Shared {
             Unit::OwnQuery(own) => {
                 let own = *own;
                 match tag {
-                    b'C' => self.settle_query_prepare(own, Prepared::Yes),
+                    // Only the PREPARE's: a DEALLOCATE may come before it in the same Query.
+                    b'C' if body.is_some_and(|b| b.starts_with(b"PREPARE")) => {
+                        self.settle_query_prepare(own, Prepared::Yes)
+                    }
                     // The session ends (terminated, crash, shutdown): the client is told, as
                     // it would be told during a statement of its own.
                     b'E' if body.is_some_and(frame::ends_session) => {

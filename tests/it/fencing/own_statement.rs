@@ -16,6 +16,11 @@ fn guard() -> &'static str {
     pgfence::session::state::OwnStatement::Guard.name()
 }
 
+/// The guard call prepared with its arguments written in (simple protocol).
+fn const_guard() -> &'static str {
+    pgfence::session::state::OwnStatement::ConstGuard.name()
+}
+
 /// Whether the session has pgfence's guard statement, prepared with a Parse.
 async fn has_guard(client: &tokio_postgres::Client) -> bool {
     client
@@ -160,23 +165,32 @@ async fn a_client_name_without_the_tag_does_not_collide() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
-/// How often the session ran pgfence's guard statement (any way it was prepared).
+/// How often the session ran pgfence's guard statements (any way they were prepared).
 async fn guard_runs(client: &tokio_postgres::Client) -> i64 {
+    runs_of(client, &[guard(), const_guard()]).await
+}
+
+/// How often the session ran the statements of these names.
+async fn runs_of(client: &tokio_postgres::Client, names: &[&str]) -> i64 {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     client
-        .query_opt(
-            "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE name = $1",
-            &[&guard()],
+        .query_one(
+            "SELECT coalesce(sum(generic_plans + custom_plans), 0)::int8 FROM pg_prepared_statements \
+             WHERE name = ANY($1)",
+            &[&names],
         )
         .await
         .unwrap()
-        .map_or(0, |r| r.get(0))
+        .get(0)
 }
 
 /// The simple protocol runs the guard as `EXECUTE` of the same statement, prepared by an SQL
 /// `PREPARE` that pgfence sends as a Query of its own while the session is idle (its replies
 /// unseen), so Postgres does not parse and plan the guard call in every transaction, and
-/// the statement's text is pgfence's alone. Whatever drops the statement, or keeps it from
-/// being made, the next write prepares it again (or spells the call out) and stays guarded.
+/// the statement's text is pgfence's alone. Once that is there, a second one with the
+/// session's fence and epoch written in (no parameters to evaluate) takes over, and is made
+/// again when the epoch changes. Whatever drops the statements, or keeps them from being
+/// made, the next write prepares them again (or spells the call out) and stays guarded.
 #[tokio::test]
 async fn the_simple_protocol_executes_the_prepared_guard() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
@@ -186,8 +200,10 @@ async fn the_simple_protocol_executes_the_prepared_guard() {
     for _ in 0..2 {
         five.batch_execute(WRITE).await.unwrap();
     }
-    // The first write spelled the call out (the PREPARE was in flight), the others ran it.
-    assert_eq!(guard_runs(&five).await, 2);
+    // The first write spelled the call out (the PREPARE was in flight), the second ran it,
+    // the third the one with the arguments written in, prepared meanwhile.
+    assert_eq!(runs_of(&five, &[guard()]).await, 1);
+    assert_eq!(runs_of(&five, &[const_guard()]).await, 1);
     assert!(!has_guard(&five).await, "prepared by SQL, not by a Parse");
     let text: String = five
         .query_one(
@@ -202,7 +218,7 @@ async fn the_simple_protocol_executes_the_prepared_guard() {
     five.execute(WRITE, &[]).await.unwrap();
     assert_eq!(guard_runs(&five).await, 3);
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
-    let by_name = format!("DEALLOCATE {}", guard());
+    let by_name = format!("DEALLOCATE {}; DEALLOCATE {}", guard(), const_guard());
     for drop in [by_name.as_str(), "DEALLOCATE ALL", "DISCARD ALL"] {
         five.batch_execute(drop).await.unwrap();
         assert_eq!(guard_runs(&five).await, 0, "{drop}");
@@ -211,6 +227,26 @@ async fn the_simple_protocol_executes_the_prepared_guard() {
         }
         assert_eq!(guard_runs(&five).await, 1, "prepared again after {drop}");
     }
+    // A new epoch: the statement with the old one written in is made again with the new one.
+    five.batch_execute("SET pgfence.epoch = 6").await.unwrap();
+    for _ in 0..3 {
+        five.batch_execute(WRITE).await.unwrap();
+    }
+    let text: String = five
+        .query_one(
+            "SELECT statement FROM pg_prepared_statements WHERE name = $1",
+            &[&const_guard()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(text.contains(", 6, NULL, true)"), "{text}");
+    assert_eq!(runs_of(&five, &[const_guard()]).await, 2, "{text}");
+    five.batch_execute("SET pgfence.epoch = 5").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(code(&five.batch_execute(WRITE).await), "PF001");
+    }
+    assert_eq!(runs_of(&five, &[const_guard()]).await, 1, "made again for epoch 5");
     // Two Queries sent at once by a new session: the second cannot count on the PREPARE
     // yet and spells the call out; both are guarded, and the client sees only its replies.
     let mut raw = f.raw(f.proxy.port(), "5", &[]).await;
