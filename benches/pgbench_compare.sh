@@ -314,38 +314,35 @@ fi
 
 # The noop target's transactions: pgbench's built-in tpcb-like, with one empty prepared statement
 # sent in the same Query as the first UPDATE (simple), or in the same pipeline (prepared).
-cat >"$WORK/noop.sql" <<'SQL'
-\set aid random(1, 100000 * :scale)
+# The variables, and the statements after the first UPDATE, as in the built-in script.
+noop_vars='\set aid random(1, 100000 * :scale)
 \set bid random(1, 1 * :scale)
 \set tid random(1, 10 * :scale)
-\set delta random(-5000, 5000)
-\if :noop_prepared = 0
+\set delta random(-5000, 5000)'
+noop_rest='SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;'
+noop_first='UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;'
+cat >"$WORK/noop.sql" <<SQL
+$noop_vars
+\\if :noop_prepared = 0
 PREPARE noop_check AS SELECT 1;
-\set noop_prepared 1
-\endif
+\\set noop_prepared 1
+\\endif
 BEGIN;
-EXECUTE noop_check \; UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
-SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
-UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
-UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
-INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
-END;
+EXECUTE noop_check \\; $noop_first
+$noop_rest
 SQL
-cat >"$WORK/noop-pipeline.sql" <<'SQL'
-\set aid random(1, 100000 * :scale)
-\set bid random(1, 1 * :scale)
-\set tid random(1, 10 * :scale)
-\set delta random(-5000, 5000)
+cat >"$WORK/noop-pipeline.sql" <<SQL
+$noop_vars
 BEGIN;
-\startpipeline
+\\startpipeline
 SELECT 1;
-UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
-\endpipeline
-SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
-UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
-UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
-INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
-END;
+$noop_first
+\\endpipeline
+$noop_rest
 SQL
 
 port_of() {
