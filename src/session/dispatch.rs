@@ -813,18 +813,13 @@ impl Dispatcher {
     /// can tell and the fence is in reject mode (rewrite mode spells its calls out).
     fn const_guard_wanted(&self) -> Option<(FenceId, Epoch)> {
         let epoch = *self.speculative.epoch.current()?;
-        let fence = match self.speculative.fence.current() {
-            Some(n) => self
-                .fences
-                .applicable
-                .iter()
-                .copied()
-                .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == n))?,
-            None => match self.fences.applicable.as_slice() {
-                [only] => *only,
-                _ => return None,
-            },
-        };
+        let name = self.session_fence()?;
+        let fence = self
+            .fences
+            .applicable
+            .iter()
+            .copied()
+            .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == name))?;
         self.keeps_hwm(fence).then_some((fence, epoch))
     }
 
