@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use super::epoch::Epoch;
 
-/// The guard for the extended protocol: `$1` fence, `$2` epoch (`bigint`), `$3` lease
+/// The guard with parameters, prepared once per session for the simple protocol: `$1` fence, `$2` epoch (`bigint`), `$3` lease
 /// table (NULL without a lease), `$4` keep the HWM (`boolean`: true in reject mode, false
 /// in rewrite mode). Parameters as [`guard_params`] gives them.
 ///
@@ -68,8 +68,10 @@ pub const REJECT_IF_PREPARED_SQL: &str = "SELECT pgfence.reject(pg_catalog.conve
 /// Parameter type OIDs of [`REJECT_IF_PREPARED_SQL`]: five bytea.
 pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 5] = [BYTEA; 5];
 
-/// The guard call for the simple protocol, without a trailing semicolon, e.g.
-/// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`.
+/// The guard call with its arguments written in, without a trailing semicolon, e.g.
+/// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`: spelled out in a
+/// simple Query, and the text of the statement both protocols prepare for one fence and
+/// epoch. Pure ASCII, so a Parse reads it the same in every `client_encoding`.
 ///
 /// `lease_table` is the configured lease table as [`crate::sql::name::TableName`]
 /// displays it (`None` without a lease); `keep_hwm` is true in reject mode and false in
@@ -90,9 +92,7 @@ pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm
 
 /// SQL `PREPARE` of [`GUARD_SQL`] under `name` (an unquoted lower-case identifier), for the
 /// simple protocol, without a trailing semicolon. Prepared statements outlive a rolled-back
-/// transaction, so one PREPARE serves the session. The statement is the one the extended
-/// protocol prepares under the same name, with the same parameter types: a session may run
-/// it from either protocol, whichever prepared it.
+/// transaction, so one PREPARE serves the session.
 pub fn guard_prepare(name: &str) -> String {
     format!("PREPARE {name} (pg_catalog.bytea, pg_catalog.int8, pg_catalog.bytea, pg_catalog.bool) AS {GUARD_SQL}")
 }

@@ -1249,18 +1249,16 @@ impl Dispatcher {
                 if self.probe_only(fence) {
                     (OwnStatement::Probe, Injected::Guard(fence, epoch), Vec::new())
                 } else {
+                    // The call with its arguments written in: no parameters for Postgres to
+                    // convert and evaluate in each transaction, and what depends on them
+                    // alone folded once, when the statement is planned. Made again (Close,
+                    // Parse) when the fence or epoch changes.
                     guard = Some((fence, epoch));
                     cached = match &self.guard_messages {
                         Some((f, e, bytes)) if (*f, *e) == (fence, epoch) => Some(bytes.clone()),
                         _ => None,
                     };
-                    let params = if cached.is_some() {
-                        Vec::new()
-                    } else {
-                        let (name, lease) = self.fence_args(fence);
-                        guard_sql::guard_params(name, epoch, lease, self.keeps_hwm(fence)).to_vec()
-                    };
-                    (OwnStatement::Guard, Injected::Guard(fence, epoch), params)
+                    (OwnStatement::ConstGuard, Injected::Guard(fence, epoch), Vec::new())
                 }
             }
             Decision::Reject(r) => {
@@ -1283,16 +1281,27 @@ impl Dispatcher {
         let prepared = shared.own.get(&own).copied().unwrap_or_default();
         // A DEALLOCATE or DISCARD ALL in flight may or may not drop the statement.
         let dropped = shared.answered < self.dealloc_until;
-        let usable = !dropped && (prepared == Prepared::Yes || prepared == Prepared::InFlight(self.sent));
+        // The constant guard holds one fence and epoch: another's is made anew.
+        let other_call = guard.is_some() && self.const_guard != guard;
+        let usable =
+            !dropped && !other_call && (prepared == Prepared::Yes || prepared == Prepared::InFlight(self.sent));
         if !usable {
-            let (sql, types) = match own {
-                // (The constant guard is the simple protocol's; never injected here.)
-                OwnStatement::Guard | OwnStatement::ConstGuard => {
+            let const_sql;
+            let (sql, types) = match (own, guard) {
+                (OwnStatement::ConstGuard, Some((fence, epoch))) => {
+                    let (name, lease) = self.fence_args(fence);
+                    const_sql = guard_sql::guard_call(name, epoch, lease, self.keeps_hwm(fence));
+                    self.const_guard = guard;
+                    (const_sql.as_str(), Vec::new())
+                }
+                // (The guard with parameters is the simple protocol's until the constant one
+                // is there; never injected here.)
+                (OwnStatement::Guard | OwnStatement::ConstGuard, _) => {
                     (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec())
                 }
-                OwnStatement::Reject => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
-                OwnStatement::Probe => (guard_sql::PROBE_SQL, Vec::new()),
-                OwnStatement::RejectIfPrepared => (
+                (OwnStatement::Reject, _) => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
+                (OwnStatement::Probe, _) => (guard_sql::PROBE_SQL, Vec::new()),
+                (OwnStatement::RejectIfPrepared, _) => (
                     guard_sql::REJECT_IF_PREPARED_SQL,
                     guard_sql::REJECT_IF_PREPARED_PARAM_TYPES.to_vec(),
                 ),

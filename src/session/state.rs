@@ -60,9 +60,10 @@ pub enum OwnStatement {
     /// `pgfence.reject` if a statement of that name is prepared
     /// (`fence::call::REJECT_IF_PREPARED_SQL`).
     RejectIfPrepared,
-    /// The guard call for one fence and epoch, its arguments written into it (simple
-    /// protocol only): an SQL `EXECUTE` with no parameters to evaluate, and a plan in which
-    /// Postgres has already folded what depends on them alone.
+    /// The guard call for one fence and epoch, its arguments written into it: a Bind or an
+    /// SQL `EXECUTE` with no parameters to evaluate, and a plan in which Postgres has already
+    /// folded what depends on them alone. The extended protocol's guard; the simple
+    /// protocol's once [`OwnStatement::Guard`] is there.
     ConstGuard,
 }
 

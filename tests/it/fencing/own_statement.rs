@@ -1,5 +1,7 @@
-//! The extended protocol's guard is a statement pgfence prepares once per session
-//! (`pgfence_guard_v1_<tag>`, the tag drawn once per process). What a client does to
+//! The extended protocol's guard is a statement pgfence prepares once per session, fence and
+//! epoch (`pgfence_guard_const_v1_<tag>`, the call with its arguments written in, the tag
+//! drawn once per process); the simple protocol's starts from one with parameters
+//! (`pgfence_guard_v1_<tag>`). What a client does to
 //! prepared statements never costs a write its guard and never leaves the session failing:
 //! `DEALLOCATE` (by name or ALL) answered or still in flight, a protocol Close of that name,
 //! a client statement that took the name. Each test ends with its control: straight to
@@ -16,7 +18,8 @@ fn guard() -> &'static str {
     pgfence::session::state::OwnStatement::Guard.name()
 }
 
-/// The guard call prepared with its arguments written in (simple protocol).
+/// The guard call prepared with its arguments written in (the extended protocol's, and the
+/// simple protocol's once the one with parameters is there).
 fn const_guard() -> &'static str {
     pgfence::session::state::OwnStatement::ConstGuard.name()
 }
@@ -26,7 +29,7 @@ async fn has_guard(client: &tokio_postgres::Client) -> bool {
     client
         .query_opt(
             "SELECT 1 FROM pg_prepared_statements WHERE name = $1 AND NOT from_sql",
-            &[&guard()],
+            &[&const_guard()],
         )
         .await
         .unwrap()
@@ -48,8 +51,8 @@ async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
     assert!(has_guard(&five).await);
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
     for drop in [
-        format!("DEALLOCATE {}", guard()),
-        format!("deallocate prepare {}", guard().to_uppercase()),
+        format!("DEALLOCATE {}", const_guard()),
+        format!("deallocate prepare {}", const_guard().to_uppercase()),
         "DEALLOCATE ALL".into(),
         "DISCARD ALL".into(),
     ] {
@@ -61,7 +64,7 @@ async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
     }
     // A DEALLOCATE of it that fails leaves it in place, and pgfence knows.
     five.batch_execute("BEGIN; SELECT 1/0").await.unwrap_err();
-    five.batch_execute(&format!("DEALLOCATE {}", guard()))
+    five.batch_execute(&format!("DEALLOCATE {}", const_guard()))
         .await
         .unwrap_err();
     five.batch_execute("ROLLBACK").await.unwrap();
@@ -81,7 +84,7 @@ async fn a_deallocate_still_in_flight_does_not_cost_the_next_write_its_guard() {
         if stale {
             f.leader(6).await.execute(WRITE, &[]).await.unwrap();
         }
-        let by_name = format!("DEALLOCATE {}", guard());
+        let by_name = format!("DEALLOCATE {}", const_guard());
         for drop in ["DEALLOCATE ALL", &by_name, "DISCARD ALL"] {
             // The guard is prepared, and pgfence has seen it answered.
             raw_write(&mut five).await;
@@ -104,14 +107,74 @@ async fn a_client_close_of_the_guard_statement_is_survived() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
     let mut five = f.raw(f.proxy.port(), "5", &[]).await;
     assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
-    five.send(&[close_statement(guard()), sync()].concat()).await;
+    five.send(&[close_statement(const_guard()), sync()].concat()).await;
     let closed = five.read_until(|m| m.tag == b'Z').await;
     assert_eq!(codes(&closed), Vec::<String>::new());
     assert_eq!(raw_write(&mut five).await, Vec::<String>::new());
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
-    five.send(&[close_statement(guard()), sync()].concat()).await;
+    five.send(&[close_statement(const_guard()), sync()].concat()).await;
     five.read_until(|m| m.tag == b'Z').await;
     assert_eq!(raw_write(&mut five).await, ["PF001"]);
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// The extended protocol's guard has the session's fence and epoch written in: made at the
+/// first write, run by Bind without parameters after that, and made again (Close, Parse) for
+/// a write at another epoch, also within one batch, where each write is guarded at its own.
+#[tokio::test]
+async fn the_extended_protocol_prepares_the_guard_for_its_epoch() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let mut raw = f.raw(f.proxy.port(), "5", &[]).await;
+    for _ in 0..3 {
+        assert_eq!(raw_write(&mut raw).await, Vec::<String>::new());
+    }
+    // Postgres' own record of the session's statements, through the same session.
+    let statements = |replies: &[crate::common::raw::Msg]| {
+        replies
+            .iter()
+            .filter(|m| m.tag == b'D')
+            .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+            .collect::<Vec<_>>()
+    };
+    let ask = format!(
+        "SELECT statement || ' runs ' || (generic_plans + custom_plans) || ' sql ' || from_sql \
+         FROM pg_prepared_statements WHERE name = '{}'",
+        const_guard()
+    );
+    raw.send(&query(&ask)).await;
+    let rows = statements(&raw.read_until(|m| m.tag == b'Z').await);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0].contains("pgfence.guard('") && rows[0].contains(", 5, NULL, true) runs 3 sql false"),
+        "{rows:?}"
+    );
+    f.leader(6).await.execute(WRITE, &[]).await.unwrap();
+    // Epoch 6 then 5 in one batch: the first write passes, the second is refused, and
+    // Postgres skips the rest of the batch and rolls it back (its SETs too).
+    let at = |epoch: &str| {
+        let set = format!("SET pgfence.epoch = {epoch}");
+        [
+            parse("", &set),
+            bind("", "", &[]),
+            execute(""),
+            parse("", WRITE),
+            bind("", "", &[]),
+            execute(""),
+        ]
+        .concat()
+    };
+    raw.send(&[at("6"), at("5"), at("6"), sync()].concat()).await;
+    let replies = raw.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(codes(&replies), ["PF001"]);
+    assert_eq!(replies.iter().filter(|m| m.tag == b'C').count(), 3, "{replies:?}");
+    // The session is at epoch 5 again. The batch's last part, skipped, was to make the
+    // statement for 6 (its Close skipped too): pgfence cannot tell which one is there, so
+    // this write makes it again for 5.
+    assert_eq!(raw_write(&mut raw).await, ["PF001"]);
+    raw.send(&query(&ask)).await;
+    let rows = statements(&raw.read_until(|m| m.tag == b'Z').await);
+    assert!(rows[0].contains(", 5, NULL, true) runs 1 sql false"), "{rows:?}");
     // Control.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
@@ -124,7 +187,7 @@ async fn a_client_close_of_the_guard_statement_is_survived() {
 async fn a_client_statement_named_like_the_guard_costs_one_write() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
     let five = f.session("").await;
-    five.batch_execute(&format!("PREPARE {} AS SELECT 1", guard()))
+    five.batch_execute(&format!("PREPARE {} AS SELECT 1", const_guard()))
         .await
         .unwrap();
     five.batch_execute("SET pgfence.epoch = 5").await.unwrap();
@@ -216,9 +279,9 @@ async fn the_simple_protocol_executes_the_prepared_guard() {
     assert!(!has_guard(&five).await, "prepared by SQL, not by a Parse");
     let text = statement_text(&five, guard()).await;
     assert!(text.len() < 300 && text.contains("pgfence.guard"), "{text}");
-    // The extended protocol uses the same statement.
+    // The extended protocol uses the constant one too.
     five.execute(WRITE, &[]).await.unwrap();
-    assert_eq!(guard_runs(&five).await, 3);
+    assert_eq!(runs_of(&five, &[const_guard()]).await, 2);
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
     let by_name = format!("DEALLOCATE {}; DEALLOCATE {}", guard(), const_guard());
     for drop in [by_name.as_str(), "DEALLOCATE ALL", "DISCARD ALL"] {
