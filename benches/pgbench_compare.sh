@@ -544,6 +544,19 @@ for (workload, mode), by_round in runs.items():
     row += [fmt(med(r[t][1] for r in by_round.values() if t in r), ".1f") for t in middle]
     table.append(row)
 
+def median_ci(xs, level=0.95):
+    """A distribution-free confidence interval of the median (order statistics): the
+    widest k-th smallest and k-th largest values with P(Binomial(n, 1/2) < k) <= (1 - level) / 2,
+    or None when n is too small for one (n < 6 at 95 %)."""
+    from math import comb
+    xs = sorted(x for x in xs if x is not None)
+    n = len(xs)
+    k, tail = 0, 0.0
+    while k < n and tail + comb(n, k) / 2 ** n <= (1 - level) / 2:
+        tail += comb(n, k) / 2 ** n
+        k += 1
+    return (xs[k - 1], xs[n - k]) if k >= 1 else None
+
 def show(head, table):
     widths = [max(len(str(c)) for c in col) for col in zip(head, *table)]
     for line in [head] + table:
@@ -551,6 +564,22 @@ def show(head, table):
 
 print("\nThroughput: median TPS; ratios are medians of per-round paired ratios; middleware CPU per transaction")
 show(head, table)
+
+# How far each median ratio can be trusted: on a shared machine single rounds swing far more
+# than the differences measured, so a ratio is only as good as its interval.
+print("\nPaired per-round ratios: median, 95 % confidence interval of the median, range, rounds")
+head_ci = ["workload", "mode", "ratio", "median", "95% CI", "min", "max", "rounds"]
+table_ci = []
+for (workload, mode), by_round in runs.items():
+    for a, b in pairs:
+        xs = [r[a][0] / r[b][0] for r in by_round.values() if a in r and b in r]
+        if not xs:
+            continue
+        ci = median_ci(xs)
+        table_ci.append([workload, mode, f"{a}/{b}", f"{median(xs):.3f}",
+                         "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}",
+                         f"{min(xs):.3f}", f"{max(xs):.3f}", str(len(xs))])
+show(head_ci, table_ci)
 
 # CPU is steadier than throughput on a shared machine: what each target costs the server and
 # itself per transaction, and, against unfenced pgfence, what fencing adds (the guard's cost).
