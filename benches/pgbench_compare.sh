@@ -17,7 +17,9 @@
 #   -M simple|extended|prepared, against direct Postgres, PgBouncer and pgfence. The machines are
 #   shared and absolute TPS drifts 25-40 % between rounds while paired ratios stay within a few %
 #   (docs: FACTS.md), so the targets run in interleaved rounds, in rotating order, and we quote
-#   the median of per-round ratios rather than a ratio of medians.
+#   the median of per-round ratios rather than a ratio of medians, with a distribution-free
+#   95 % confidence interval of that median (order statistics; from 6 rounds): single rounds
+#   swing by 20 % and more, so a few rounds cannot tell 0.93 from 0.97.
 # - CPU per transaction of each middleware (utime+stime from /proc/PID/stat around each run): it
 #   is what a proxy costs even when the machine has cores to spare. Split into user and system
 #   time too: a relaying proxy's system time (its reads and writes on both sockets) is a floor
