@@ -121,7 +121,7 @@ pub struct Dispatcher {
     pub(super) batch: u64,
     /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
     /// so far is answered. Until then pgfence's prepared statements may be gone.
-    dealloc_until: u64,
+    pub(super) dealloc_until: u64,
     /// pgfence's own Query to send before the client's Query being dispatched
     /// ([`Self::prepare_ahead`]).
     query_prefix: Option<String>,
@@ -760,6 +760,9 @@ impl Dispatcher {
     /// Not after a Bind still waiting for its Sync: the PREPARE would end the implicit
     /// transaction that holds its portal, which the client's `BEGIN` would have kept.
     fn prepare_ahead(&mut self, shared: &mut Shared) {
+        if self.prepare_probe_ahead(shared) {
+            return;
+        }
         let own = OwnStatement::Guard;
         // Cheapest first: once both are prepared, every Query stops at the second test.
         match shared.own.get(&own).copied().unwrap_or_default() {
@@ -777,6 +780,25 @@ impl Dispatcher {
         shared.own.insert(own, Prepared::BY_QUERY);
         shared.pending.push_back(Unit::OwnQuery(own));
         self.query_prefix = Some(guard_sql::guard_prepare(own.name()));
+    }
+
+    /// The schema probe of rewrite-mode fences without a lease, prepared as the guard is
+    /// ([`Self::prepare_ahead`]), for sessions that may write such a fence: the simple
+    /// protocol then runs it by `EXECUTE` instead of parsing and planning it in each
+    /// transaction. Whether it queued its PREPARE.
+    fn prepare_probe_ahead(&mut self, shared: &mut Shared) -> bool {
+        let own = OwnStatement::Probe;
+        if shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
+            || !self.fences.applicable.iter().any(|&f| self.probe_only(f))
+            || self.speculative.epoch.current().is_none()
+            || !self.may_prepare_now(shared)
+        {
+            return false;
+        }
+        shared.own.insert(own, Prepared::BY_QUERY);
+        shared.pending.push_back(Unit::OwnQuery(own));
+        self.query_prefix = Some(format!("PREPARE {} AS {}", own.name(), guard_sql::PROBE_SQL));
+        true
     }
 
     /// Once the guard statement is settled, the guard call for the session's fence and epoch

@@ -229,6 +229,71 @@ async fn rewrite_guard_runs_in_every_transaction() {
     }
 }
 
+/// Without a lease, the simple protocol runs the schema probe as `EXECUTE` of a statement
+/// pgfence prepares with an SQL `PREPARE` of its own (as it does the guard): once per
+/// transaction, prepared again after the client drops it, and every write still rewritten.
+#[tokio::test]
+async fn the_simple_protocol_executes_the_prepared_probe() {
+    let f = fixture(false).await;
+    let c = f.leader(3).await;
+    let write = |note: &str| format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1");
+    // The first write spells the probe out (the PREPARE is in flight), the next ones run it.
+    c.batch_execute(&write("w0")).await.unwrap();
+    let first = probe_runs(&c).await;
+    for i in 1..4 {
+        c.batch_execute(&write(&format!("w{i}"))).await.unwrap();
+    }
+    assert_eq!(probe_runs(&c).await, first + 3);
+    // Once per transaction.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&write("t1")).await.unwrap();
+    c.batch_execute(&write("t2")).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(probe_runs(&c).await, first + 4);
+    assert_eq!(f.note().await, ("t2".to_owned(), 3));
+    // Dropped by the client: spelled out once more while it is prepared again.
+    c.batch_execute("DEALLOCATE ALL").await.unwrap();
+    assert_eq!(probe_runs(&c).await, 0);
+    for i in 0..2 {
+        c.batch_execute(&write(&format!("d{i}"))).await.unwrap();
+    }
+    assert_eq!(probe_runs(&c).await, 1);
+    assert_eq!(f.note().await, ("d1".to_owned(), 3));
+    // A stale session through the same path touches nothing; straight to Postgres (the
+    // control) its write lands and lowers the row's epoch.
+    let stale = f.leader(2).await;
+    for i in 0..2 {
+        let msgs = stale.simple_query(&write(&format!("s{i}"))).await.unwrap();
+        assert!(
+            matches!(
+                msgs.last(),
+                Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
+            ),
+            "{msgs:?}"
+        );
+    }
+    assert_eq!(probe_runs(&stale).await, 1);
+    assert_eq!(f.note().await, ("d1".to_owned(), 3));
+    let direct = f.direct().await;
+    direct
+        .batch_execute("UPDATE sweep_state SET note = 's', last_epoch = 2 WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(f.note().await, ("s".to_owned(), 2));
+}
+
+/// How often the session ran pgfence's prepared schema probe (0 when it has none).
+async fn probe_runs(c: &Client) -> i64 {
+    c.query_one(
+        "SELECT coalesce(sum(generic_plans + custom_plans), 0)::int8 FROM pg_prepared_statements \
+         WHERE name = $1 AND from_sql",
+        &[&pgfence::session::state::OwnStatement::Probe.name()],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// Calls of `pgfence.guard` counted in this backend and not yet flushed to the shared
 /// statistics (which carry over between transactions until a flush).
 async fn guard_calls(c: &Client) -> i64 {
