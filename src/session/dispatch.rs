@@ -290,6 +290,7 @@ impl Dispatcher {
                     *state = Prepared::Unknown;
                 }
             }
+            shared.own_mark += 1;
         }
         if analysis.is_plain() {
             // A transaction's end drops the portals bound in it, when there are any; the
@@ -1144,6 +1145,7 @@ impl Dispatcher {
         }
         if let Some(own) = OwnStatement::named(name) {
             shared.own.insert(own, Prepared::Unknown);
+            shared.own_mark += 1;
         }
         let removes = Defined {
             name: name.to_owned(),
@@ -1337,7 +1339,7 @@ impl Dispatcher {
             codec::parse(out, name, sql, types);
             shared
                 .pending
-                .push_back(Unit::Parse(Some(Injected::Prepare(own)), None, None));
+                .push_back(Unit::Parse(Some(Injected::Prepare(own, shared.own_mark)), None, None));
             shared.own.insert(own, Prepared::InFlight(self.sent));
         }
         match cached {

@@ -39,8 +39,8 @@ pub enum Injected {
     Guard(FenceId, Epoch),
     /// A call that raises a rejection of a write to this fence (the first it names).
     Reject(Option<FenceId>),
-    /// Preparing one of pgfence's own statements.
-    Prepare(OwnStatement),
+    /// Preparing one of pgfence's own statements, sent at this [`Shared::own_mark`].
+    Prepare(OwnStatement, u64),
     /// Bind or Close of pgfence's own portal, or a Close before a re-prepare.
     Plumbing,
     /// Preparing a client's rewrite-mode statement again for a new epoch: its errors are
@@ -443,6 +443,12 @@ pub struct Shared {
     pub guarded: Option<(FenceId, Epoch)>,
     /// pgfence's own prepared statements.
     pub own: HashMap<OwnStatement, Prepared>,
+    /// Counts the client messages that may have changed pgfence's statements in a way no
+    /// reply tells (a Close of one of their names, a text pgfence cannot follow), each of
+    /// which marks them [`Prepared::Unknown`] when sent. A Parse of pgfence's answered
+    /// after such a message does not make its statement [`Prepared::Yes`]: the client's
+    /// message came later and may have closed it, or put its own statement in its place.
+    pub own_mark: u64,
     /// Syncs and Queries answered so far.
     pub answered: u64,
     /// What each client statement name may be: every definition Postgres may hold under
@@ -758,7 +764,9 @@ impl Shared {
                             Some(Unit::Bind(_, _, Some(r))) => self.bind_answered(&r.portal),
                             _ => {}
                         }
-                        if let Some(Injected::Prepare(s)) = inj {
+                        if let Some(Injected::Prepare(s, mark)) = inj
+                            && mark == self.own_mark
+                        {
                             self.own.insert(s, Prepared::Yes);
                         }
                         if inj.is_some() {
@@ -1168,11 +1176,11 @@ impl Shared {
     fn extended_error(&mut self, injected: Option<Injected>, body: Option<&[u8]>) -> Verdict {
         // The guard or refusal this unit prepares or binds for (its Execute is still queued).
         let injected = match injected {
-            Some(Injected::Prepare(_) | Injected::Plumbing) => self.guard_ahead().or(injected),
+            Some(Injected::Prepare(..) | Injected::Plumbing) => self.guard_ahead().or(injected),
             Some(Injected::Reprepare) => None,
             other => other,
         };
-        if let Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) = self.pending.front() {
+        if let Some(Unit::Parse(Some(Injected::Prepare(s, _)), ..)) = self.pending.front() {
             let state = if name_taken(body) {
                 Prepared::Unknown
             } else {
@@ -1270,7 +1278,7 @@ impl Shared {
                 }
                 // Skipped with the Close before it, the statement is as it was before
                 // them: prepared by an earlier batch, maybe. Without one, it was not.
-                Some(Unit::Parse(Some(Injected::Prepare(s)), ..)) => {
+                Some(Unit::Parse(Some(Injected::Prepare(s, _)), ..)) => {
                     let state = if closed_before { Prepared::Unknown } else { Prepared::No };
                     self.own.insert(*s, state);
                     self.pending.pop_front();

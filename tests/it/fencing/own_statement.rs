@@ -179,6 +179,62 @@ async fn the_extended_protocol_prepares_the_guard_for_its_epoch() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
+/// The client closes the guard's name later in the batch in which pgfence prepares it again
+/// (here for a new epoch), and then puts a statement of its own under that name. pgfence's
+/// Parse is answered after the client's Close was sent: that answer must not make the
+/// statement pgfence's again. The next write prepares it anew: a current one passes (not
+/// 26000), a stale one is refused (the client's `SELECT 1` is never taken for the guard).
+#[tokio::test]
+async fn a_client_close_after_the_guards_parse_in_one_batch_is_not_undone() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    for hijack in [false, true] {
+        let e = hwm(&f).await + 1;
+        let mut raw = f.raw(f.proxy.port(), &e.to_string(), &[]).await;
+        assert_eq!(raw_write(&mut raw).await, Vec::<String>::new());
+        let set = format!("SET pgfence.epoch = {}", e + 1);
+        let mut batch = [
+            parse("", &set),
+            bind("", "", &[]),
+            execute(""),
+            parse("", WRITE),
+            bind("", "", &[]),
+            execute(""),
+            close_statement(const_guard()),
+        ]
+        .concat();
+        if hijack {
+            batch.extend(parse(const_guard(), "SELECT 1"));
+        }
+        raw.send(&[batch, sync()].concat()).await;
+        assert_eq!(
+            codes(&raw.read_until(|m| m.tag == b'Z').await),
+            Vec::<String>::new(),
+            "hijack: {hijack}"
+        );
+        if !hijack {
+            assert_eq!(raw_write(&mut raw).await, Vec::<String>::new());
+            continue;
+        }
+        // A leader moves on: this session's epoch is stale, by both protocols.
+        f.leader(e + 2).await.execute(WRITE, &[]).await.unwrap();
+        assert_eq!(raw_write(&mut raw).await, ["PF001"]);
+        raw.send(&query(WRITE)).await;
+        assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), ["PF001"]);
+        assert_eq!(hwm(&f).await, e + 2);
+    }
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// The fence's high-water mark.
+async fn hwm(f: &Fixture) -> i64 {
+    f.admin
+        .query_one("SELECT hwm FROM pgfence.fence WHERE name = 'sweeper'", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// A client statement that took the guard's name (before pgfence prepared its own, which a
 /// session with an epoch does at its first Query): the first write by the extended protocol
 /// fails (Postgres' 42P05, nothing written); pgfence then closes that name before preparing
