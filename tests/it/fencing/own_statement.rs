@@ -43,6 +43,20 @@ async fn raw_write(raw: &mut Raw) -> Vec<String> {
     codes(&raw.read_until(|m| m.tag == b'Z').await)
 }
 
+/// An extended-protocol `SET pgfence.epoch` and a write after it, without their Sync.
+fn set_and_write(epoch: i64) -> Vec<u8> {
+    let set = format!("SET pgfence.epoch = {epoch}");
+    [
+        parse("", &set),
+        bind("", "", &[]),
+        execute(""),
+        parse("", WRITE),
+        bind("", "", &[]),
+        execute(""),
+    ]
+    .concat()
+}
+
 #[tokio::test]
 async fn a_write_after_the_guard_is_deallocated_is_still_guarded() {
     let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
@@ -152,19 +166,8 @@ async fn the_extended_protocol_prepares_the_guard_for_its_epoch() {
     f.leader(6).await.execute(WRITE, &[]).await.unwrap();
     // Epoch 6 then 5 in one batch: the first write passes, the second is refused, and
     // Postgres skips the rest of the batch and rolls it back (its SETs too).
-    let at = |epoch: &str| {
-        let set = format!("SET pgfence.epoch = {epoch}");
-        [
-            parse("", &set),
-            bind("", "", &[]),
-            execute(""),
-            parse("", WRITE),
-            bind("", "", &[]),
-            execute(""),
-        ]
-        .concat()
-    };
-    raw.send(&[at("6"), at("5"), at("6"), sync()].concat()).await;
+    raw.send(&[set_and_write(6), set_and_write(5), set_and_write(6), sync()].concat())
+        .await;
     let replies = raw.read_until(|m| m.tag == b'Z').await;
     assert_eq!(codes(&replies), ["PF001"]);
     assert_eq!(replies.iter().filter(|m| m.tag == b'C').count(), 3, "{replies:?}");
@@ -191,17 +194,7 @@ async fn a_client_close_after_the_guards_parse_in_one_batch_is_not_undone() {
         let e = hwm(&f).await + 1;
         let mut raw = f.raw(f.proxy.port(), &e.to_string(), &[]).await;
         assert_eq!(raw_write(&mut raw).await, Vec::<String>::new());
-        let set = format!("SET pgfence.epoch = {}", e + 1);
-        let mut batch = [
-            parse("", &set),
-            bind("", "", &[]),
-            execute(""),
-            parse("", WRITE),
-            bind("", "", &[]),
-            execute(""),
-            close_statement(const_guard()),
-        ]
-        .concat();
+        let mut batch = [set_and_write(e + 1), close_statement(const_guard())].concat();
         if hijack {
             batch.extend(parse(const_guard(), "SELECT 1"));
         }
