@@ -15,9 +15,10 @@ use std::fmt::Write as _;
 
 use super::epoch::Epoch;
 
-/// The guard with parameters, prepared once per session for the simple protocol: `$1` fence, `$2` epoch (`bigint`), `$3` lease
-/// table (NULL without a lease), `$4` keep the HWM (`boolean`: true in reject mode, false
-/// in rewrite mode). Parameters as [`guard_params`] gives them.
+/// The guard with parameters, prepared once per session for the simple protocol: `$1`
+/// fence, `$2` epoch (`bigint`), `$3` lease table (NULL without a lease), `$4` keep the HWM
+/// (`boolean`: true in reject mode, false in rewrite mode). Parameters as [`guard_params`]
+/// gives them.
 ///
 /// Every text goes as UTF-8 in a `bytea` ([`utf8_param`]) that the statement converts: a
 /// `text` parameter is read in the session's `client_encoding`, and the proxy's texts are

@@ -121,7 +121,7 @@ pub struct Dispatcher {
     pub(super) batch: u64,
     /// The [`Shared::answered`] count at which every `DEALLOCATE` and `DISCARD ALL` sent
     /// so far is answered. Until then pgfence's prepared statements may be gone.
-    pub(super) dealloc_until: u64,
+    dealloc_until: u64,
     /// pgfence's own Query to send before the client's Query being dispatched
     /// ([`Self::prepare_ahead`]).
     query_prefix: Option<String>,
@@ -846,6 +846,12 @@ impl Dispatcher {
         self.keeps_hwm(fence).then_some((fence, epoch))
     }
 
+    /// Whether pgfence's statement `own` is there for the simple protocol to `EXECUTE`:
+    /// prepared, and no `DEALLOCATE` or `DISCARD ALL` in flight that may drop it.
+    pub(super) fn own_ready(&self, shared: &Shared, own: OwnStatement) -> bool {
+        shared.answered >= self.dealloc_until && shared.own.get(&own).copied().unwrap_or_default() == Prepared::Yes
+    }
+
     /// Whether pgfence may send a Query of its own before the client's now: between
     /// transactions, with nothing of the client's that could change its statements in flight.
     fn may_prepare_now(&self, shared: &Shared) -> bool {
@@ -877,15 +883,12 @@ impl Dispatcher {
                     return None;
                 }
                 let own = OwnStatement::Guard;
-                let settled = shared.answered >= self.dealloc_until;
-                let is_prepared = |s| shared.own.get(&s).copied().unwrap_or_default() == Prepared::Yes;
-                let prepared = settled && is_prepared(own);
                 let keep = self.keeps_hwm(fence);
                 let (name, lease) = self.fence_args(fence);
                 let call =
-                    if settled && self.const_guard == Some((fence, epoch)) && is_prepared(OwnStatement::ConstGuard) {
+                    if self.const_guard == Some((fence, epoch)) && self.own_ready(shared, OwnStatement::ConstGuard) {
                         format!("EXECUTE {}", OwnStatement::ConstGuard.name())
-                    } else if prepared {
+                    } else if self.own_ready(shared, own) {
                         guard_sql::guard_execute(own.name(), name, epoch, lease, keep)
                     } else {
                         guard_sql::guard_call(name, epoch, lease, keep)

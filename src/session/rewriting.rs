@@ -257,11 +257,9 @@ impl Dispatcher {
                 // contract checks every transaction, and the schema may be gone since.
                 let guard = (!(single && shared.guard_still_held(fence, epoch))).then(|| {
                     let call = if self.probe_only(fence) {
-                        // Prepared by `prepare_probe_ahead`, and not maybe dropped since.
+                        // Prepared by `prepare_probe_ahead`.
                         let own = super::state::OwnStatement::Probe;
-                        let prepared = shared.answered >= self.dealloc_until
-                            && shared.own.get(&own).copied().unwrap_or_default() == super::state::Prepared::Yes;
-                        if prepared {
+                        if self.own_ready(shared, own) {
                             format!("EXECUTE {}", own.name())
                         } else {
                             guard_sql::PROBE_SQL.to_owned()
