@@ -10,7 +10,7 @@ mod encodings;
 mod locking;
 mod misread;
 mod model;
-mod own_statement;
+pub(crate) mod own_statement;
 mod portals;
 mod positions;
 mod short_path;

@@ -292,7 +292,7 @@ async fn statement_text(client: &tokio_postgres::Client, name: &str) -> String {
 }
 
 /// How often the session ran the statements of these names.
-async fn runs_of(client: &tokio_postgres::Client, names: &[&str]) -> i64 {
+pub(crate) async fn runs_of(client: &tokio_postgres::Client, names: &[&str]) -> i64 {
     let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     client
         .query_one(

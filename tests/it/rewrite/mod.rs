@@ -284,14 +284,7 @@ async fn the_simple_protocol_executes_the_prepared_probe() {
 
 /// How often the session ran pgfence's prepared schema probe (0 when it has none).
 async fn probe_runs(c: &Client) -> i64 {
-    c.query_one(
-        "SELECT coalesce(sum(generic_plans + custom_plans), 0)::int8 FROM pg_prepared_statements \
-         WHERE name = $1 AND from_sql",
-        &[&pgfence::session::state::OwnStatement::Probe.name()],
-    )
-    .await
-    .unwrap()
-    .get(0)
+    crate::fencing::own_statement::runs_of(c, &[pgfence::session::state::OwnStatement::Probe.name()]).await
 }
 
 /// Calls of `pgfence.guard` counted in this backend and not yet flushed to the shared
