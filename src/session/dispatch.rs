@@ -833,7 +833,8 @@ impl Dispatcher {
     }
 
     /// The fence and epoch the session's next fenced write would be guarded for, when pgfence
-    /// can tell and the fence is in reject mode (rewrite mode spells its calls out).
+    /// can tell and the fence has a guard: reject mode, or rewrite mode with a lease (without
+    /// one, rewrite mode runs the schema probe instead).
     fn const_guard_wanted(&self) -> Option<(FenceId, Epoch)> {
         let epoch = *self.speculative.epoch.current()?;
         let name = self.session_fence()?;
@@ -843,7 +844,7 @@ impl Dispatcher {
             .iter()
             .copied()
             .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == name))?;
-        self.keeps_hwm(fence).then_some((fence, epoch))
+        (!self.probe_only(fence)).then_some((fence, epoch))
     }
 
     /// Whether pgfence's statement `own` is there for the simple protocol to `EXECUTE`:
@@ -870,9 +871,8 @@ impl Dispatcher {
     ///
     /// Postgres parses and plans a guard call in each transaction of the simple protocol
     /// (about 20 µs of server CPU); `EXECUTE` of pgfence's prepared guard statement does
-    /// neither. The statement is prepared by [`Self::prepare_ahead`]; until Postgres has
-    /// answered that (or while a DEALLOCATE or DISCARD may have dropped it, or a client
-    /// statement took its name) the call is spelled out.
+    /// neither. The statements are prepared by [`Self::prepare_ahead`] (see
+    /// [`Self::simple_guard_call`]).
     fn simple_check(&self, shared: &Shared, need: Need, single: bool) -> Option<(Injected, String)> {
         let if_prepared = need.missing_name();
         match self.decide(need)? {
@@ -882,18 +882,10 @@ impl Dispatcher {
                 if single && shared.guard_still_held(fence, epoch) {
                     return None;
                 }
-                let own = OwnStatement::Guard;
-                let keep = self.keeps_hwm(fence);
-                let (name, lease) = self.fence_args(fence);
-                let call =
-                    if self.const_guard == Some((fence, epoch)) && self.own_ready(shared, OwnStatement::ConstGuard) {
-                        format!("EXECUTE {}", OwnStatement::ConstGuard.name())
-                    } else if self.own_ready(shared, own) {
-                        guard_sql::guard_execute(own.name(), name, epoch, lease, keep)
-                    } else {
-                        guard_sql::guard_call(name, epoch, lease, keep)
-                    };
-                Some((Injected::Guard(fence, epoch), call))
+                Some((
+                    Injected::Guard(fence, epoch),
+                    self.simple_guard_call(shared, fence, epoch),
+                ))
             }
             Decision::Reject(r) => {
                 let fences = self.epoch_names(&r);
@@ -903,6 +895,23 @@ impl Dispatcher {
                 };
                 Some((Injected::Reject(r.fences.first().copied()), call))
             }
+        }
+    }
+
+    /// The guard call for `fence` at `epoch` in a simple Query: `EXECUTE` of the constant
+    /// guard when it holds them, else of the guard with parameters, else (until Postgres has
+    /// answered their PREPARE, or while a DEALLOCATE or DISCARD may have dropped them, or a
+    /// client statement took a name) spelled out.
+    pub(super) fn simple_guard_call(&self, shared: &Shared, fence: FenceId, epoch: Epoch) -> String {
+        let own = OwnStatement::Guard;
+        let keep = self.keeps_hwm(fence);
+        let (name, lease) = self.fence_args(fence);
+        if self.const_guard == Some((fence, epoch)) && self.own_ready(shared, OwnStatement::ConstGuard) {
+            format!("EXECUTE {}", OwnStatement::ConstGuard.name())
+        } else if self.own_ready(shared, own) {
+            guard_sql::guard_execute(own.name(), name, epoch, lease, keep)
+        } else {
+            guard_sql::guard_call(name, epoch, lease, keep)
         }
     }
 

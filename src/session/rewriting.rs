@@ -265,8 +265,7 @@ impl Dispatcher {
                             guard_sql::PROBE_SQL.to_owned()
                         }
                     } else {
-                        let (name, lease) = self.fence_args(fence);
-                        guard_sql::guard_call(name, epoch, lease, false)
+                        self.simple_guard_call(shared, fence, epoch)
                     };
                     (Injected::Guard(fence, epoch), call)
                 });

@@ -282,6 +282,92 @@ async fn the_simple_protocol_executes_the_prepared_probe() {
     assert_eq!(f.note().await, ("s".to_owned(), 2));
 }
 
+/// With a lease, the simple protocol runs the guard as `EXECUTE` of the statement pgfence
+/// prepares for the session's fence and epoch, as in reject mode: once per transaction, made
+/// again for a new epoch, and still checking the lease (PF003 above it) while a stale
+/// session's writes touch no row.
+#[tokio::test]
+async fn with_a_lease_the_simple_protocol_executes_the_prepared_guard() {
+    let f = fixture(true).await;
+    let e = f.takeover("a").await;
+    let c = f.leader(e).await;
+    let write = |note: &str| format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1");
+    // The first writes spell the guard out or run the one with parameters while pgfence
+    // prepares the constant one; from then on each write runs that.
+    for i in 0..3 {
+        c.batch_execute(&write(&format!("p{i}"))).await.unwrap();
+    }
+    let first = const_runs(&c).await;
+    assert!(first >= 1, "{first}");
+    for i in 1..4 {
+        c.batch_execute(&write(&format!("w{i}"))).await.unwrap();
+    }
+    assert_eq!(const_runs(&c).await, first + 3);
+    // Once per transaction.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&write("t1")).await.unwrap();
+    c.batch_execute(&write("t2")).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(const_runs(&c).await, first + 4);
+    assert_eq!(f.note().await, ("t2".to_owned(), e));
+    let text = const_text(&c).await;
+    assert!(text.ends_with(&format!("{e}, 'public.leader_lease', false)")), "{text}");
+    // A takeover: the old session's writes, through the same statement, touch no row.
+    let e2 = f.takeover("b").await;
+    let b = f.leader(e2).await;
+    assert_eq!(update_note(&b, "b").await, 1);
+    for i in 0..2 {
+        let msgs = c.simple_query(&write(&format!("s{i}"))).await.unwrap();
+        assert!(
+            matches!(
+                msgs.last(),
+                Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
+            ),
+            "{msgs:?}"
+        );
+    }
+    assert_eq!(const_runs(&c).await, first + 6);
+    assert_eq!(f.note().await, ("b".to_owned(), e2));
+    // A new epoch, above the lease's: the statement is made again for it, and refuses.
+    c.batch_execute(&format!("SET pgfence.epoch = {}", e2 + 1))
+        .await
+        .unwrap();
+    for i in 0..3 {
+        assert_eq!(code(&c.batch_execute(&write(&format!("a{i}"))).await), "PF003");
+    }
+    assert_eq!(f.note().await, ("b".to_owned(), e2));
+    let text = const_text(&c).await;
+    assert!(
+        text.ends_with(&format!("{}, 'public.leader_lease', false)", e2 + 1)),
+        "{text}"
+    );
+    // Control: straight to Postgres the stale write lands.
+    let direct = f.direct().await;
+    direct
+        .batch_execute(&format!(
+            "UPDATE sweep_state SET note = 's', last_epoch = {e} WHERE id = 1"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(f.note().await, ("s".to_owned(), e));
+}
+
+/// How often the session ran pgfence's constant guard statement (0 when it has none).
+async fn const_runs(c: &Client) -> i64 {
+    crate::fencing::own_statement::runs_of(c, &[pgfence::session::state::OwnStatement::ConstGuard.name()]).await
+}
+
+/// The text of the session's constant guard statement.
+async fn const_text(c: &Client) -> String {
+    c.query_one(
+        "SELECT statement FROM pg_prepared_statements WHERE name = $1",
+        &[&pgfence::session::state::OwnStatement::ConstGuard.name()],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// How often the session ran pgfence's prepared schema probe (0 when it has none).
 async fn probe_runs(c: &Client) -> i64 {
     crate::fencing::own_statement::runs_of(c, &[pgfence::session::state::OwnStatement::Probe.name()]).await
