@@ -1180,8 +1180,10 @@ impl Shared {
             Some(Injected::Reprepare) => None,
             other => other,
         };
-        if let Some(Unit::Parse(Some(Injected::Prepare(s, _)), ..)) = self.pending.front() {
-            let state = if name_taken(body) {
+        if let Some(Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) = self.pending.front() {
+            // Not there, unless the name is taken, or a client Close, Parse or text sent since
+            // may have put a statement under it.
+            let state = if name_taken(body) || *mark != self.own_mark {
                 Prepared::Unknown
             } else {
                 Prepared::No
@@ -1277,9 +1279,14 @@ impl Shared {
                     break;
                 }
                 // Skipped with the Close before it, the statement is as it was before
-                // them: prepared by an earlier batch, maybe. Without one, it was not.
-                Some(Unit::Parse(Some(Injected::Prepare(s, _)), ..)) => {
-                    let state = if closed_before { Prepared::Unknown } else { Prepared::No };
+                // them: prepared by an earlier batch, maybe. Without one, it was not, unless
+                // a client message sent since may have put one under its name.
+                Some(Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) => {
+                    let state = if closed_before || *mark != self.own_mark {
+                        Prepared::Unknown
+                    } else {
+                        Prepared::No
+                    };
                     self.own.insert(*s, state);
                     self.pending.pop_front();
                 }

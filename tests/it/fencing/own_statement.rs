@@ -219,6 +219,34 @@ async fn a_client_close_after_the_guards_parse_in_one_batch_is_not_undone() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
+/// pgfence's Parse of the guard skipped (an error earlier in its batch), with a client's
+/// Close and Parse of that name in the next batch, sent before the skip is answered: the
+/// name stays in doubt, so the next write closes it before preparing the guard, instead of
+/// failing with 42P05, and is guarded.
+#[tokio::test]
+async fn a_skipped_guard_parse_leaves_a_later_client_statement_in_doubt() {
+    let f = Fixture::with(Cluster::shared(), NO_LEASE).await;
+    let e = hwm(&f).await + 1;
+    let mut raw = f.raw(f.proxy.port(), &e.to_string(), &[]).await;
+    let failing = [parse("", "SELEC 1"), bind("", "", &[]), execute("")].concat();
+    let write = [parse("", WRITE), bind("", "", &[]), execute("")].concat();
+    let take = [close_statement(const_guard()), parse(const_guard(), "SELECT 1")].concat();
+    raw.send(&[failing, write, sync(), take, sync()].concat()).await;
+    assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), ["42601"]);
+    assert_eq!(codes(&raw.read_until(|m| m.tag == b'Z').await), Vec::<String>::new());
+    assert_eq!(f.note().await.0, "init");
+    assert_eq!(raw_write(&mut raw).await, Vec::<String>::new());
+    assert_eq!(f.note().await.0, "w");
+    f.put_back().await;
+    // A leader moves on: this session's write is refused.
+    f.leader(e + 1).await.execute(WRITE, &[]).await.unwrap();
+    f.put_back().await;
+    assert_eq!(raw_write(&mut raw).await, ["PF001"]);
+    assert_eq!(f.note().await.0, "init");
+    // Control.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
 /// The fence's high-water mark.
 async fn hwm(f: &Fixture) -> i64 {
     f.admin
