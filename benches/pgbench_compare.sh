@@ -42,7 +42,7 @@
 #   Not with -M extended, where pgbench would parse the empty statement anew each time.
 # - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
 #
-# Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION),
+# Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION; 0 skips),
 # SCALE (10), CLIENTS (8), THREADS (2), WORKLOADS ("select-only tpcb-like"),
 # MODES ("simple extended prepared"), TARGETS ("direct pgbouncer pgfence"), IDLE_SESSIONS (500,
 # 0 skips), FENCE_LEASE (0), PGFENCE_BIN (target/release/pgfence, built if missing), PG_BIN (newest
@@ -424,7 +424,7 @@ done
 
 LATENCY=$WORK/latency.tsv
 : >"$LATENCY"
-if [ "$ROUNDS" -gt 0 ]; then
+if [ "$ROUNDS" -gt 0 ] && [ "$LATENCY_DURATION" != 0 ]; then
   # New backends inherit the postmaster's affinity; -a covers every thread of the proxies.
   for pid in "$PG_PID" $(pgrep -P "$PG_PID") $BOUNCER_PID $PGFENCE_PID $FENCED_PID $REWRITE_PID; do
     taskset -a -p -c 0 "$pid" >/dev/null
