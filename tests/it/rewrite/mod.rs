@@ -8,6 +8,7 @@ mod interleave;
 mod property;
 mod protocol;
 
+use pgfence::session::state::OwnStatement;
 use tokio_postgres::Client;
 
 use crate::common::pg::Cluster;
@@ -239,17 +240,7 @@ async fn the_simple_protocol_executes_the_prepared_probe() {
     let write = |note: &str| format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1");
     // The first write spells the probe out (the PREPARE is in flight), the next ones run it.
     c.batch_execute(&write("w0")).await.unwrap();
-    let first = probe_runs(&c).await;
-    for i in 1..4 {
-        c.batch_execute(&write(&format!("w{i}"))).await.unwrap();
-    }
-    assert_eq!(probe_runs(&c).await, first + 3);
-    // Once per transaction.
-    c.batch_execute("BEGIN").await.unwrap();
-    c.batch_execute(&write("t1")).await.unwrap();
-    c.batch_execute(&write("t2")).await.unwrap();
-    c.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(probe_runs(&c).await, first + 4);
+    once_per_transaction(&c, OwnStatement::Probe).await;
     assert_eq!(f.note().await, ("t2".to_owned(), 3));
     // Dropped by the client: spelled out once more while it is prepared again.
     c.batch_execute("DEALLOCATE ALL").await.unwrap();
@@ -262,16 +253,7 @@ async fn the_simple_protocol_executes_the_prepared_probe() {
     // A stale session through the same path touches nothing; straight to Postgres (the
     // control) its write lands and lowers the row's epoch.
     let stale = f.leader(2).await;
-    for i in 0..2 {
-        let msgs = stale.simple_query(&write(&format!("s{i}"))).await.unwrap();
-        assert!(
-            matches!(
-                msgs.last(),
-                Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
-            ),
-            "{msgs:?}"
-        );
-    }
+    simple_writes_touch_no_row(&stale).await;
     assert_eq!(probe_runs(&stale).await, 1);
     assert_eq!(f.note().await, ("d1".to_owned(), 3));
     let direct = f.direct().await;
@@ -297,18 +279,8 @@ async fn with_a_lease_the_simple_protocol_executes_the_prepared_guard() {
     for i in 0..3 {
         c.batch_execute(&write(&format!("p{i}"))).await.unwrap();
     }
-    let first = const_runs(&c).await;
+    let first = once_per_transaction(&c, OwnStatement::ConstGuard).await;
     assert!(first >= 1, "{first}");
-    for i in 1..4 {
-        c.batch_execute(&write(&format!("w{i}"))).await.unwrap();
-    }
-    assert_eq!(const_runs(&c).await, first + 3);
-    // Once per transaction.
-    c.batch_execute("BEGIN").await.unwrap();
-    c.batch_execute(&write("t1")).await.unwrap();
-    c.batch_execute(&write("t2")).await.unwrap();
-    c.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(const_runs(&c).await, first + 4);
     assert_eq!(f.note().await, ("t2".to_owned(), e));
     let text = const_text(&c).await;
     assert!(text.ends_with(&format!("{e}, 'public.leader_lease', false)")), "{text}");
@@ -316,16 +288,7 @@ async fn with_a_lease_the_simple_protocol_executes_the_prepared_guard() {
     let e2 = f.takeover("b").await;
     let b = f.leader(e2).await;
     assert_eq!(update_note(&b, "b").await, 1);
-    for i in 0..2 {
-        let msgs = c.simple_query(&write(&format!("s{i}"))).await.unwrap();
-        assert!(
-            matches!(
-                msgs.last(),
-                Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
-            ),
-            "{msgs:?}"
-        );
-    }
+    simple_writes_touch_no_row(&c).await;
     assert_eq!(const_runs(&c).await, first + 6);
     assert_eq!(f.note().await, ("b".to_owned(), e2));
     // A new epoch, above the lease's: the statement is made again for it, and refuses.
@@ -352,16 +315,52 @@ async fn with_a_lease_the_simple_protocol_executes_the_prepared_guard() {
     assert_eq!(f.note().await, ("s".to_owned(), e));
 }
 
+/// Two simple-protocol writes of `sweep_state`'s row that each report UPDATE 0.
+async fn simple_writes_touch_no_row(c: &Client) {
+    for i in 0..2 {
+        let msgs = c
+            .simple_query(&format!("UPDATE sweep_state SET note = 's{i}' WHERE id = 1"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                msgs.last(),
+                Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
+            ),
+            "{msgs:?}"
+        );
+    }
+}
+
+/// Three writes alone, then two in one transaction block: `own` runs once per transaction
+/// (asserted). Returns how often it had run before them.
+async fn once_per_transaction(c: &Client, own: OwnStatement) -> i64 {
+    let write = |note: &str| format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1");
+    let names = [own.name()];
+    let runs = || crate::fencing::own_statement::runs_of(c, &names);
+    let first = runs().await;
+    for i in 1..4 {
+        c.batch_execute(&write(&format!("w{i}"))).await.unwrap();
+    }
+    assert_eq!(runs().await, first + 3, "{own:?}");
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&write("t1")).await.unwrap();
+    c.batch_execute(&write("t2")).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(runs().await, first + 4, "{own:?}");
+    first
+}
+
 /// How often the session ran pgfence's constant guard statement (0 when it has none).
 async fn const_runs(c: &Client) -> i64 {
-    crate::fencing::own_statement::runs_of(c, &[pgfence::session::state::OwnStatement::ConstGuard.name()]).await
+    crate::fencing::own_statement::runs_of(c, &[OwnStatement::ConstGuard.name()]).await
 }
 
 /// The text of the session's constant guard statement.
 async fn const_text(c: &Client) -> String {
     c.query_one(
         "SELECT statement FROM pg_prepared_statements WHERE name = $1",
-        &[&pgfence::session::state::OwnStatement::ConstGuard.name()],
+        &[&OwnStatement::ConstGuard.name()],
     )
     .await
     .unwrap()
@@ -370,7 +369,7 @@ async fn const_text(c: &Client) -> String {
 
 /// How often the session ran pgfence's prepared schema probe (0 when it has none).
 async fn probe_runs(c: &Client) -> i64 {
-    crate::fencing::own_statement::runs_of(c, &[pgfence::session::state::OwnStatement::Probe.name()]).await
+    crate::fencing::own_statement::runs_of(c, &[OwnStatement::Probe.name()]).await
 }
 
 /// Calls of `pgfence.guard` counted in this backend and not yet flushed to the shared
