@@ -1181,8 +1181,8 @@ impl Shared {
             other => other,
         };
         if let Some(Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) = self.pending.front() {
-            // Not there, unless the name is taken, or a client Close, Parse or text sent since
-            // may have put a statement under it.
+            // Not there, unless the name is taken, or the client has since closed the name or
+            // sent a text pgfence cannot follow (`own_mark`): a statement of its own may be there.
             let state = if name_taken(body) || *mark != self.own_mark {
                 Prepared::Unknown
             } else {
@@ -1280,7 +1280,7 @@ impl Shared {
                 }
                 // Skipped with the Close before it, the statement is as it was before
                 // them: prepared by an earlier batch, maybe. Without one, it was not, unless
-                // a client message sent since may have put one under its name.
+                // the client has since closed the name or sent a text pgfence cannot follow.
                 Some(Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) => {
                     let state = if closed_before || *mark != self.own_mark {
                         Prepared::Unknown
