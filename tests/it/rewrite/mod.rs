@@ -56,17 +56,7 @@ async fn rewrite_seed_transcript_stale_update_touches_no_row() {
     assert_eq!(update_note(&b, "b").await, 1);
     // node-a wakes up: its write reports UPDATE 0, and the simple protocol agrees.
     assert_eq!(update_note(&a, "a-stale").await, 0);
-    let msgs = a
-        .simple_query("UPDATE sweep_state SET note = 'a-stale' WHERE id = 1")
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            msgs.last(),
-            Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
-        ),
-        "{msgs:?}"
-    );
+    simple_write_touches_no_row(&a, "a-stale").await;
     assert_eq!(f.note().await, ("b".to_owned(), e2));
 }
 
@@ -253,7 +243,9 @@ async fn the_simple_protocol_executes_the_prepared_probe() {
     // A stale session through the same path touches nothing; straight to Postgres (the
     // control) its write lands and lowers the row's epoch.
     let stale = f.leader(2).await;
-    simple_writes_touch_no_row(&stale).await;
+    for note in ["s0", "s1"] {
+        simple_write_touches_no_row(&stale, note).await;
+    }
     assert_eq!(probe_runs(&stale).await, 1);
     assert_eq!(f.note().await, ("d1".to_owned(), 3));
     let direct = f.direct().await;
@@ -288,7 +280,9 @@ async fn with_a_lease_the_simple_protocol_executes_the_prepared_guard() {
     let e2 = f.takeover("b").await;
     let b = f.leader(e2).await;
     assert_eq!(update_note(&b, "b").await, 1);
-    simple_writes_touch_no_row(&c).await;
+    for note in ["s0", "s1"] {
+        simple_write_touches_no_row(&c, note).await;
+    }
     assert_eq!(const_runs(&c).await, first + 6);
     assert_eq!(f.note().await, ("b".to_owned(), e2));
     // A new epoch, above the lease's: the statement is made again for it, and refuses.
@@ -315,21 +309,19 @@ async fn with_a_lease_the_simple_protocol_executes_the_prepared_guard() {
     assert_eq!(f.note().await, ("s".to_owned(), e));
 }
 
-/// Two simple-protocol writes of `sweep_state`'s row that each report UPDATE 0.
-async fn simple_writes_touch_no_row(c: &Client) {
-    for i in 0..2 {
-        let msgs = c
-            .simple_query(&format!("UPDATE sweep_state SET note = 's{i}' WHERE id = 1"))
-            .await
-            .unwrap();
-        assert!(
-            matches!(
-                msgs.last(),
-                Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
-            ),
-            "{msgs:?}"
-        );
-    }
+/// A simple-protocol write of `note` to `sweep_state`'s row that reports UPDATE 0.
+async fn simple_write_touches_no_row(c: &Client, note: &str) {
+    let msgs = c
+        .simple_query(&format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            msgs.last(),
+            Some(tokio_postgres::SimpleQueryMessage::CommandComplete(0))
+        ),
+        "{msgs:?}"
+    );
 }
 
 /// Three writes alone, then two in one transaction block: `own` runs once per transaction
