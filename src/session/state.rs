@@ -764,10 +764,8 @@ impl Shared {
                             Some(Unit::Bind(_, _, Some(r))) => self.bind_answered(&r.portal),
                             _ => {}
                         }
-                        if let Some(Injected::Prepare(s, mark)) = inj
-                            && mark == self.own_mark
-                        {
-                            self.own.insert(s, Prepared::Yes);
+                        if let Some(Injected::Prepare(s, mark)) = inj {
+                            self.settle_parse(s, mark, Prepared::Yes);
                         }
                         if inj.is_some() {
                             Verdict::Swallow
@@ -1180,15 +1178,14 @@ impl Shared {
             Some(Injected::Reprepare) => None,
             other => other,
         };
-        if let Some(Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) = self.pending.front() {
-            // Not there, unless the name is taken, or the client has since closed the name or
-            // sent a text pgfence cannot follow (`own_mark`): a statement of its own may be there.
-            let state = if name_taken(body) || *mark != self.own_mark {
+        if let Some(&Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) = self.pending.front() {
+            // Not there, unless the name is taken by a statement of the client's.
+            let state = if name_taken(body) {
                 Prepared::Unknown
             } else {
                 Prepared::No
             };
-            self.own.insert(*s, state);
+            self.settle_parse(s, mark, state);
         }
         let positions = match self.pending.pop_front() {
             Some(Unit::Parse(_, defined, positions)) => {
@@ -1261,6 +1258,15 @@ impl Shared {
         }
     }
 
+    /// The answer to pgfence's own Parse, sent at `mark` ([`Shared::own_mark`]): ignored
+    /// when a client message sent since may have closed the name or put its own statement
+    /// under it, which left the state as that message says ([`Prepared::Unknown`]).
+    fn settle_parse(&mut self, own: OwnStatement, mark: u64, state: Prepared) {
+        if mark == self.own_mark {
+            self.own.insert(own, state);
+        }
+    }
+
     /// Units Postgres skipped after an error get no reply. Called for every server
     /// message, and for every client message sent while Postgres is skipping: until a
     /// Sync reaches it, what the client sends gets no reply, and units for it would
@@ -1279,15 +1285,10 @@ impl Shared {
                     break;
                 }
                 // Skipped with the Close before it, the statement is as it was before
-                // them: prepared by an earlier batch, maybe. Without one, it was not, unless
-                // the client has since closed the name or sent a text pgfence cannot follow.
-                Some(Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) => {
-                    let state = if closed_before || *mark != self.own_mark {
-                        Prepared::Unknown
-                    } else {
-                        Prepared::No
-                    };
-                    self.own.insert(*s, state);
+                // them: prepared by an earlier batch, maybe. Without one, it was not.
+                Some(&Unit::Parse(Some(Injected::Prepare(s, mark)), ..)) => {
+                    let state = if closed_before { Prepared::Unknown } else { Prepared::No };
+                    self.settle_parse(s, mark, state);
                     self.pending.pop_front();
                 }
                 Some(_) => match self.pending.pop_front() {
