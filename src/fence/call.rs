@@ -70,16 +70,24 @@ pub const REJECT_IF_PREPARED_SQL: &str = "SELECT pgfence.reject(pg_catalog.conve
 pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 5] = [BYTEA; 5];
 
 /// The guard call with its arguments written in, without a trailing semicolon, e.g.
-/// `SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)`: spelled out in a
-/// simple Query, and the text of the statement both protocols prepare for one fence and
-/// epoch. Pure ASCII, so a Parse reads it the same in every `client_encoding`.
+/// `SELECT pgfence.guard('invoice-sweeper', 7, NULL, true)`: spelled out in a simple Query,
+/// and the text of the statement both protocols prepare for one fence and epoch. Pure
+/// ASCII, so a Parse reads it the same in every `client_encoding`.
 ///
 /// `lease_table` is the configured lease table as [`crate::sql::name::TableName`]
 /// displays it (`None` without a lease); `keep_hwm` is true in reject mode and false in
 /// rewrite mode. The statement returns one row with one `void` column.
+///
+/// A fence with a lease calls `pgfence.guard_lease` (schema version 9), whose steady state
+/// needs to know whether the lease trigger is in place: the statement looks it up in
+/// `pg_trigger` itself ([`lease_trigger_exists`]), in each transaction.
 pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> String {
-    let mut sql = String::with_capacity(64 + fence.len() + lease_table.map_or(0, str::len));
-    sql.push_str("SELECT pgfence.guard(");
+    let mut sql = String::with_capacity(64 + fence.len() + lease_table.map_or(0, |t| 300 + 2 * t.len()));
+    sql.push_str(if lease_table.is_some() {
+        "SELECT pgfence.guard_lease("
+    } else {
+        "SELECT pgfence.guard("
+    });
     push_literal(&mut sql, fence);
     // Writing to a String cannot fail.
     let _ = write!(sql, ", {epoch}, ");
@@ -87,8 +95,29 @@ pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm
         Some(table) => push_literal(&mut sql, table),
         None => sql.push_str("NULL"),
     }
-    sql.push_str(if keep_hwm { ", true)" } else { ", false)" });
+    sql.push_str(if keep_hwm { ", true" } else { ", false" });
+    if let Some(table) = lease_table {
+        sql.push_str(", ");
+        lease_trigger_exists(&mut sql, table);
+    }
+    sql.push(')');
     sql
+}
+
+/// Whether the lease table `table` has pgfence's trigger, enabled: an `EXISTS` on
+/// `pg_trigger`, as the full guard checks it. The name is looked up when the statement
+/// runs, so a prepared guard follows a lease table dropped or renamed (then `false`: the
+/// full guard decides, and raises PF005).
+fn lease_trigger_exists(out: &mut String, table: &str) {
+    out.push_str(
+        "EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(",
+    );
+    push_literal(out, table);
+    out.push_str(
+        ") AND t.tgname OPERATOR(pg_catalog.=) 'pgfence_lease' \
+         AND t.tgfoid OPERATOR(pg_catalog.=) 'pgfence.lease_trigger()'::pg_catalog.regprocedure \
+         AND t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog.\"char\"[]))",
+    );
 }
 
 /// SQL `PREPARE` of [`GUARD_SQL`] under `name` (an unquoted lower-case identifier), for the
@@ -252,7 +281,12 @@ mod tests {
         let e = Epoch::parse("7").expect("valid");
         assert_eq!(
             guard_call("invoice-sweeper", e, Some("public.leader_lease"), true),
-            "SELECT pgfence.guard('invoice-sweeper', 7, 'public.leader_lease', true)"
+            "SELECT pgfence.guard_lease('invoice-sweeper', 7, 'public.leader_lease', true, \
+             EXISTS (SELECT FROM pg_catalog.pg_trigger t \
+             WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.leader_lease') \
+             AND t.tgname OPERATOR(pg_catalog.=) 'pgfence_lease' \
+             AND t.tgfoid OPERATOR(pg_catalog.=) 'pgfence.lease_trigger()'::pg_catalog.regprocedure \
+             AND t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog.\"char\"[])))"
         );
         assert_eq!(
             guard_call("o'neil", Epoch::MAX, None, false),

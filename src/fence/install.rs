@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -68,6 +68,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 8,
         name: "0008_registered_lease",
         sql: include_str!("sql/0008_registered_lease.sql"),
+    },
+    Migration {
+        version: 9,
+        name: "0009_lease_steady_state",
+        sql: include_str!("sql/0009_lease_steady_state.sql"),
     },
 ];
 

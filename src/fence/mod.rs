@@ -69,6 +69,12 @@
 //!    everything else calls `pgfence.guard_slow` (version 5's guard, renamed). A change
 //!    counts itself with `setval` under a short lock (`pgfence.count_change`), which leaves
 //!    the session's `lastval()` alone.
+//! 9. The lease steady state (`0009_lease_steady_state.sql`): a fence with a lease gets the
+//!    same expression, `pgfence.guard_lease`. The count also moves with a fence row's lease
+//!    columns, and `guard_slow` records it on a lease-coupled pass (`pgfence.lease_passed`,
+//!    `pgfence.lease_checked`). A disabled lease trigger changes no fence row, so pgfence's
+//!    guard statement looks the trigger up itself, in each transaction, and passes the
+//!    answer: without the trigger, `guard_slow` decides (PF005).
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

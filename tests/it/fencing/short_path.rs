@@ -537,3 +537,124 @@ async fn bumps_of_two_fences_do_not_wait_for_each_other() {
         .collect();
     assert_eq!(hwms, [("other".to_owned(), 5), ("sweeper".to_owned(), 5)]);
 }
+
+/// Calls of pgfence's PL/pgSQL guards (`guard_slow`, `guard_full`) that `client`'s session
+/// made so far and has not reported yet (`track_functions = 'pl'` in that session): compare
+/// two readings taken in one transaction.
+async fn plpgsql_guard_calls(client: &tokio_postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(calls) FILTER (WHERE funcname = 'guard_slow'), 0)::bigint, \
+                    coalesce(sum(calls) FILTER (WHERE funcname = 'guard_full'), 0)::bigint \
+               FROM pg_stat_xact_user_functions WHERE schemaname = 'pgfence'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// The PL/pgSQL guard calls one transaction of `client` made for `write`s, run through
+/// pgfence (`Ok`), or the SQLSTATE the first one got.
+async fn guard_calls_of(client: &tokio_postgres::Client, writes: usize) -> Result<(i64, i64), String> {
+    client.batch_execute("BEGIN").await.unwrap();
+    let before = plpgsql_guard_calls(client).await;
+    for _ in 0..writes {
+        let r = client.execute(WRITE, &[]).await;
+        if r.is_err() {
+            client.batch_execute("ROLLBACK").await.unwrap();
+            return Err(code(&r));
+        }
+    }
+    let after = plpgsql_guard_calls(client).await;
+    client.batch_execute("COMMIT").await.unwrap();
+    Ok((after.0 - before.0, after.1 - before.1))
+}
+
+/// Version 9: a fence with a lease has the same steady state, through the guard statement
+/// pgfence prepares (which looks the lease trigger up itself). A session's first write at
+/// the lease's epoch reads the fence row in `guard_slow` and records the count; its later
+/// writes call no PL/pgSQL function. After a takeover the old session is refused by the
+/// full guard, and the new leader goes through `guard_slow` once, then inline.
+#[tokio::test]
+async fn the_lease_steady_state_calls_no_plpgsql_function() {
+    let f = Fixture::new().await;
+    let one = f.takeover("a").await;
+    let leader = f.leader(one).await;
+    leader.batch_execute("SET track_functions = 'pl'").await.unwrap();
+    assert_eq!(
+        guard_calls_of(&leader, 1).await,
+        Ok((1, 0)),
+        "the first write reads the row"
+    );
+    for _ in 0..3 {
+        assert_eq!(guard_calls_of(&leader, 1).await, Ok((0, 0)), "steady state");
+    }
+    // The simple protocol runs the same statement.
+    leader.batch_execute(&format!("BEGIN; {WRITE}; COMMIT")).await.unwrap();
+    assert_eq!(guard_calls_of(&leader, 2).await, Ok((0, 0)));
+
+    // A marker set by hand for a stale epoch, without the count, changes nothing.
+    let two = f.takeover("b").await;
+    leader
+        .execute(
+            "SELECT set_config('pgfence.lease_passed', pgfence.lease_marker('sweeper', $1, 'public.leader_lease', true), false)",
+            &[&one],
+        )
+        .await
+        .unwrap();
+    assert_eq!(guard_calls_of(&leader, 1).await, Err("PF001".to_owned()));
+
+    let new = f.leader(two).await;
+    new.batch_execute("SET track_functions = 'pl'").await.unwrap();
+    assert_eq!(guard_calls_of(&new, 1).await, Ok((1, 0)));
+    assert_eq!(guard_calls_of(&new, 2).await, Ok((0, 0)));
+    // Control: straight to Postgres the stale session's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// Version 9 counts every change to a fence row's lease columns, not only to its HWM: the
+/// steady state notices a lease row deleted, renamed away or truncated (the lease then
+/// grants nothing: PF003), which leave the HWM where it was, and a takeover (PF001). Each
+/// time the session had passed twice at the lease's epoch; once the row is back, it passes
+/// again.
+#[tokio::test]
+async fn every_change_of_the_lease_is_noticed_after_the_short_path_ran() {
+    let f = Fixture::new().await;
+    let mut epoch = f.takeover("a").await;
+    let changes = [
+        ("DELETE FROM leader_lease WHERE name = 'sweeper'", "PF003"),
+        (
+            "UPDATE leader_lease SET name = 'elsewhere' WHERE name = 'sweeper'",
+            "PF003",
+        ),
+        ("TRUNCATE leader_lease", "PF003"),
+        ("", "PF001"), // a takeover
+    ];
+    for (change, expected) in changes {
+        let leader = f.leader(epoch).await;
+        leader.execute(WRITE, &[]).await.unwrap(); // reads the row, records the count
+        leader.execute(WRITE, &[]).await.unwrap(); // steady state
+        if change.is_empty() {
+            epoch = f.takeover("b").await;
+        } else {
+            f.admin.batch_execute(change).await.unwrap();
+            assert_eq!(f.hwm().await, epoch, "{change} leaves the HWM");
+        }
+        assert_eq!(code(&leader.execute(WRITE, &[]).await), expected, "after {change:?}");
+        assert_eq!(code(&leader.batch_execute(WRITE).await), expected, "after {change:?}");
+        // The lease row back: re-created, it is born at the fence's current epoch.
+        f.admin
+            .batch_execute(
+                "DELETE FROM leader_lease WHERE name = 'elsewhere'; \
+                 INSERT INTO leader_lease (name) VALUES ('sweeper') ON CONFLICT DO NOTHING",
+            )
+            .await
+            .unwrap();
+        if !change.is_empty() {
+            leader.execute(WRITE, &[]).await.unwrap();
+        }
+    }
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
