@@ -413,7 +413,8 @@ async fn sync_lease_epoch(
     let (hwm, recorded): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
     let current = hwm.max(recorded);
     if let Some(epoch) = granted.filter(|&e| e < current) {
-        // The trigger records the lifted epoch (no advisory lock: it is not above the HWM).
+        // The trigger records the lifted epoch. It is not above the HWM, so the trigger takes
+        // the fence's lock only if the lease epoch changes (schema version 9).
         tx.execute(
             &format!("UPDATE {quoted} SET epoch = $2::bigint WHERE name = $1"),
             &[&lease.row, &current],

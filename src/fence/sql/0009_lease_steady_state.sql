@@ -10,10 +10,13 @@
 --
 -- * The count now also moves when a fence row's lease_epoch, lease_table or lease_row
 --   changes, not only its hwm or name: every value the lease path decides on. Such a change
---   takes the fence's lock exclusive first (the trigger pgfence_fence_changed_hwm, and
---   pgfence.lease_grant and pgfence.lease_revoke before they update the row, so that they
+--   takes the fence's lock exclusive first (a second count trigger, pgfence_fence_changed_lease,
+--   and pgfence.lease_grant and pgfence.lease_revoke before they update the row, so that they
 --   take the lock and then the row, as a takeover does), so it waits for the transactions
---   past the guard, as a takeover does.
+--   past the guard, as a takeover does: a revocation (lease row deleted, renamed away,
+--   truncated) now waits for them too. The lease functions also count explicitly, as the full
+--   guard's bump does: a lease trigger enabled ALWAYS fires under session_replication_role =
+--   replica, where the fence row's triggers do not.
 -- * pgfence.guard_slow (version 5's guard), on a lease-coupled pass, records the count it
 --   read under the lock, before the row, in pgfence.lease_checked, beside the marker
 --   pgfence.lease_passed ("<epoch> <keep HWM> <length of lease table>:<lease table> <fence>",
@@ -33,12 +36,14 @@
 -- them by hand skips the check for its own writes (fencing is not access control;
 -- docs/FENCING.md).
 
-DROP TRIGGER pgfence_fence_changed_hwm ON pgfence.fence;
-CREATE TRIGGER pgfence_fence_changed_hwm AFTER UPDATE ON pgfence.fence
-    FOR EACH ROW WHEN (OLD.hwm IS DISTINCT FROM NEW.hwm OR OLD.name IS DISTINCT FROM NEW.name
-                       OR OLD.lease_epoch IS DISTINCT FROM NEW.lease_epoch
-                       OR OLD.lease_table IS DISTINCT FROM NEW.lease_table
-                       OR OLD.lease_row IS DISTINCT FROM NEW.lease_row)
+-- A second trigger beside version 5's (which counts changes of hwm and name): CREATE TRIGGER
+-- lets guards read pgfence.fence meanwhile, where DROP TRIGGER would lock them out until init
+-- commits.
+CREATE TRIGGER pgfence_fence_changed_lease AFTER UPDATE ON pgfence.fence
+    FOR EACH ROW WHEN (OLD.hwm IS NOT DISTINCT FROM NEW.hwm AND OLD.name IS NOT DISTINCT FROM NEW.name
+                       AND (OLD.lease_epoch IS DISTINCT FROM NEW.lease_epoch
+                            OR OLD.lease_table IS DISTINCT FROM NEW.lease_table
+                            OR OLD.lease_row IS DISTINCT FROM NEW.lease_row))
     EXECUTE FUNCTION pgfence.fence_changed();
 
 -- Version 1's lease_revoke, taking each fence's lock (in name order) before its row.
@@ -49,8 +54,13 @@ AS $$
     SELECT pg_advisory_xact_lock(pgfence.lock_key(f.name)) FROM pgfence.fence f
      WHERE f.lease_table = p_table AND (p_row IS NULL OR f.lease_row = p_row) AND f.lease_epoch <> 0
      ORDER BY f.name;
-    UPDATE pgfence.fence SET lease_epoch = 0
-     WHERE lease_table = p_table AND (p_row IS NULL OR lease_row = p_row) AND lease_epoch <> 0
+    -- Counted here too (the trigger counts it as well): a lease trigger enabled ALWAYS fires
+    -- where the fence row's triggers do not (session_replication_role = replica).
+    WITH revoked AS (
+        UPDATE pgfence.fence SET lease_epoch = 0
+         WHERE lease_table = p_table AND (p_row IS NULL OR lease_row = p_row) AND lease_epoch <> 0
+        RETURNING 1)
+    SELECT pgfence.count_change() WHERE EXISTS (SELECT FROM revoked);
 $$;
 
 -- Version 1's lease_grant, taking the fence's lock before a change of lease_epoch alone too.
@@ -86,10 +96,14 @@ BEGIN
             -- commits, no older epoch commits a fenced write.
             PERFORM pg_advisory_xact_lock(pgfence.lock_key(v_f.name));
             UPDATE pgfence.fence SET lease_epoch = v_epoch, hwm = greatest(hwm, v_epoch) WHERE name = v_f.name;
+            -- Counted here too (the trigger counts it as well): a lease trigger enabled ALWAYS
+            -- fires where the fence row's triggers do not (session_replication_role = replica).
+            PERFORM pgfence.count_change();
         ELSIF v_f.lease_epoch IS DISTINCT FROM v_epoch THEN
             -- The count trigger takes the lock too; first, so that the lock comes before the row.
             PERFORM pg_advisory_xact_lock(pgfence.lock_key(v_f.name));
             UPDATE pgfence.fence SET lease_epoch = v_epoch WHERE name = v_f.name;
+            PERFORM pgfence.count_change();
         END IF;
     END LOOP;
     RETURN v_epoch;
@@ -121,7 +135,7 @@ DECLARE
     v_count bigint;
     v_key   bigint;
     v_ok    boolean;
-    v_marker text;
+    v_marker pg_catalog.text;  -- qualified: this function has no search_path of its own
 BEGIN
     IF p_fence IS NOT NULL AND p_epoch OPERATOR(pg_catalog.>=) 1
        AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN

@@ -658,3 +658,115 @@ async fn every_change_of_the_lease_is_noticed_after_the_short_path_ran() {
     // Control: straight to Postgres the stale epoch's write lands.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
+
+/// A lease trigger enabled ALWAYS also fires under `session_replication_role = replica` (a
+/// logical replication worker's), where the fence row's own triggers do not: the lease
+/// functions count a takeover and a revocation themselves, so the steady state still sees
+/// them.
+#[tokio::test]
+async fn lease_changes_where_fence_triggers_do_not_fire_are_noticed() {
+    let f = Fixture::new().await;
+    f.admin
+        .batch_execute("ALTER TABLE leader_lease ENABLE ALWAYS TRIGGER pgfence_lease")
+        .await
+        .unwrap();
+    let as_replica = |sql: &'static str| {
+        let admin = &f.admin;
+        async move {
+            admin
+                .batch_execute(&format!(
+                    "SET session_replication_role = replica; {sql}; RESET session_replication_role"
+                ))
+                .await
+                .unwrap();
+        }
+    };
+    let one = f.takeover("a").await;
+    let leader = f.leader(one).await;
+    leader.execute(WRITE, &[]).await.unwrap(); // reads the row, records the count
+    leader.execute(WRITE, &[]).await.unwrap(); // steady state
+    as_replica("UPDATE leader_lease SET holder = 'b', epoch = epoch + 1 WHERE name = 'sweeper'").await;
+    assert_eq!(f.hwm().await, one + 1, "the lease trigger fired");
+    assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF001");
+    let two = f.leader(one + 1).await;
+    two.execute(WRITE, &[]).await.unwrap();
+    two.execute(WRITE, &[]).await.unwrap();
+    as_replica("DELETE FROM leader_lease WHERE name = 'sweeper'").await;
+    assert_eq!(code(&two.execute(WRITE, &[]).await), "PF003");
+    // Control: straight to Postgres the stale epoch's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// The guards that run with the installer's rights and no `search_path` of their own name
+/// every type with its schema. A role's temporary domain named `text`, whose CHECK calls the
+/// role's function, would otherwise be what a PL/pgSQL variable declared `text` gets, and
+/// the CHECK would run as the installer when the function starts.
+#[tokio::test]
+async fn a_temporary_type_named_text_runs_nothing_as_the_installer() {
+    let f = Fixture::new().await;
+    let role = app_role(&f, "").await;
+    let e = f.takeover("a").await;
+    let app = connect_as(&f, f.cluster.port(), &role, None).await;
+    app.batch_execute(
+        "CREATE FUNCTION pg_temp.spy(pg_catalog.text) RETURNS pg_catalog.bool LANGUAGE sql AS \
+           $$ SELECT pg_catalog.set_config('spy.ran_as', \
+                  coalesce(pg_catalog.current_setting('spy.ran_as', true), '') OPERATOR(pg_catalog.||) \
+                  ' ' OPERATOR(pg_catalog.||) current_user::pg_catalog.text, false) IS NOT NULL $$; \
+         CREATE DOMAIN pg_temp.text AS pg_catalog.text CHECK (pg_temp.spy(VALUE))",
+    )
+    .await
+    .unwrap();
+    let ran_as = || async {
+        app.query_one("SELECT coalesce(current_setting('spy.ran_as', true), '')", &[])
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    for call in [
+        format!("SELECT pgfence.guard_slow('sweeper', {e}, 'public.leader_lease', true)"),
+        format!("SELECT pgfence.guard('sweeper', {e}, 'public.leader_lease', true)"),
+        format!("SELECT pgfence.guard_lease('sweeper', {e}, 'public.leader_lease', true, true)"),
+        format!("SELECT pgfence.guard_lease('sweeper', {e}, 'public.leader_lease', true, false)"),
+        format!("SELECT pgfence.guard_full('sweeper', {e}, 'public.leader_lease', true)"),
+    ] {
+        for _ in 0..2 {
+            app.batch_execute(&call).await.unwrap();
+        }
+        assert_eq!(ran_as().await, "", "{call}");
+    }
+    // Control: the domain's CHECK does run where the type is looked up by the role's path.
+    app.batch_execute("DO $$ DECLARE v text := 'x'; BEGIN END $$")
+        .await
+        .unwrap();
+    assert_eq!(ran_as().await.trim(), role);
+}
+
+/// Version 9: a revocation (the lease row deleted) takes the fence's lock exclusive, as a
+/// takeover does: it waits for the writer past the guard's steady state, and once it
+/// commits that writer's next write is refused.
+#[tokio::test]
+async fn a_revocation_waits_for_writers_past_the_short_path() {
+    let f = Fixture::new().await;
+    let epoch = f.takeover("a").await;
+    let leader = f.leader(epoch).await;
+    leader.execute(WRITE, &[]).await.unwrap();
+    leader.execute(WRITE, &[]).await.unwrap();
+    leader.batch_execute(&format!("BEGIN; {WRITE}")).await.unwrap();
+    let admin = f.direct().await;
+    let revoke = tokio::spawn(async move {
+        admin
+            .batch_execute("DELETE FROM leader_lease WHERE name = 'sweeper'")
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !revoke.is_finished(),
+        "the revocation waits for the writer past the guard"
+    );
+    leader.batch_execute(&format!("{WRITE}; COMMIT")).await.unwrap();
+    revoke.await.unwrap().unwrap();
+    assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF003");
+    assert_eq!(code(&leader.batch_execute(WRITE).await), "PF003");
+    // Control: straight to Postgres the same write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
