@@ -32,7 +32,8 @@
 #   so there it shows what merely having fences configured costs. FENCE_LEASE=1 gives the fence
 #   a lease table (the guard's lease path). Target "rewrite": a third pgfence with
 #   pgbench_accounts in rewrite mode (a last_epoch column is added for every target), so each
-#   UPDATE of it gets `last_epoch = 1` and `last_epoch <= 1`.
+#   UPDATE of it gets `last_epoch = 1` and `last_epoch <= 1`; with FENCE_LEASE=1 its fence has
+#   a lease row too (a guard in each transaction instead of the schema probe).
 # - The floor of any check made inside the transaction (target "noop", tpcb-like -M simple and
 #   -M prepared): the unfenced pgfence, with the client itself sending one empty prepared
 #   statement (`SELECT 1`) right before each transaction's first write and in the same batch,
@@ -277,7 +278,7 @@ tables = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_hi
 EOF
   FENCING="fenced: pgbench tables in reject mode, no lease"
   if [ "$FENCE_LEASE" = 1 ]; then
-    "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE leader_lease (name text PRIMARY KEY, holder text,
+    "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE IF NOT EXISTS leader_lease (name text PRIMARY KEY, holder text,
       epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity')"
     printf '[fence.lease]\ntable = "public.leader_lease"\n' >>"$WORK/fenced.toml"
     FENCING="fenced: pgbench tables in reject mode, with a lease table"
@@ -306,12 +307,21 @@ tables = ["pgbench_accounts"]
 mode = "rewrite"
 epoch_column = "last_epoch"
 EOF
+  REWRITING="rewrite: pgbench_accounts in rewrite mode"
+  if [ "$FENCE_LEASE" = 1 ]; then
+    "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE IF NOT EXISTS leader_lease (name text PRIMARY KEY, holder text,
+      epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity')"
+    printf '[fence.lease]\ntable = "public.leader_lease"\n' >>"$WORK/rewrite.toml"
+    REWRITING="$REWRITING, with a lease table"
+  fi
   # Rewrite fences need the schema too (without it their writes get PF005); init is idempotent.
   "$PGFENCE_BIN" init --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" --config "$WORK/rewrite.toml" \
     >>"$WORK/pgfence-init.log" 2>&1 || { cat "$WORK/pgfence-init.log" >&2; die "pgfence init failed"; }
+  [ "$FENCE_LEASE" != 1 ] || "$PSQL" -X -q -p "$PGPORT" -d "$DB" \
+    -c "INSERT INTO leader_lease VALUES ('pgbench-rows', 'bench', 1, 'infinity')"
   start_pgfence rewrite "$RWPORT"
   REWRITE_PID=$STARTED_PID
-  FENCING="${FENCING:+$FENCING; }rewrite: pgbench_accounts in rewrite mode"
+  FENCING="${FENCING:+$FENCING; }$REWRITING"
 fi
 
 # The noop target's transactions: pgbench's built-in tpcb-like, with one empty prepared statement
