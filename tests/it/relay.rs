@@ -187,7 +187,11 @@ async fn transaction_status_through_begin_error_rollback() {
 
 #[tokio::test]
 async fn unreachable_upstream_gets_08001_not_a_hang() {
-    let port = crate::common::free_port();
+    // A port bound without listening, held to the test's end: connecting to it is refused,
+    // and no other test's server can take it meanwhile (a port merely found free could be).
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind((std::net::Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+    let port = closed.local_addr().unwrap().port();
     let proxy = Proxy::start(port, "").await;
     let started = Instant::now();
     let r = try_connect(proxy.port(), "postgres", "").await;
