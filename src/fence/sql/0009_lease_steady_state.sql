@@ -32,6 +32,11 @@
 --   its guard statement (a subquery would keep Postgres from inlining the function). Without
 --   it, the slow path decides, and raises PF005 as before.
 --
+-- * A call that names no lease for a fence registered with one (a proxy configured without
+--   the lease) no longer leaves the marker of the path without a lease, which checks the HWM
+--   alone: after the first pass it missed a revoked lease. Each such call now goes to
+--   pgfence.guard_full, which checks the registered lease (version 8).
+--
 -- Like the markers of version 5, both settings are the session's own: a session that sets
 -- them by hand skips the check for its own writes (fencing is not access control;
 -- docs/FENCING.md).
@@ -123,7 +128,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.lease_marker(text, bigint, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.lease_marker(text, bigint, text, boolean) TO PUBLIC;
 
--- Version 5's guard (version 6's guard_slow), recording a lease-coupled pass.
+-- Version 5's guard (version 6's guard_slow), recording a lease-coupled pass, and leaving no
+-- marker for a fence registered with a lease that the caller did not name.
 CREATE OR REPLACE FUNCTION pgfence.guard_slow(p_fence text, p_epoch bigint, p_lease_table text DEFAULT NULL,
                                    p_keep_hwm boolean DEFAULT true)
     RETURNS void
@@ -216,7 +222,11 @@ BEGIN
     -- Anything else (a new epoch, a stale one, an error to raise, another isolation level):
     -- the full guard decides, under the same lock if the short path took it.
     PERFORM pgfence.guard_full(p_fence, p_epoch, p_lease_table, p_keep_hwm);
-    IF p_keep_hwm AND p_lease_table IS NULL THEN
+    -- Not for a fence registered with a lease, which guard_full checked against it although
+    -- the caller named none (version 8): the path the marker opens checks the HWM alone.
+    IF p_keep_hwm AND p_lease_table IS NULL
+       AND NOT EXISTS (SELECT FROM pgfence.fence f
+                        WHERE f.name OPERATOR(pg_catalog.=) p_fence AND f.lease_table IS NOT NULL) THEN
         -- It let the write through: the HWM is now at least p_epoch in this transaction. The
         -- recorded count spoke of the marker before; it is cleared with it.
         PERFORM pg_catalog.set_config('pgfence.guard_passed',

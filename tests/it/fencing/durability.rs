@@ -358,6 +358,30 @@ async fn a_direct_guard_call_cannot_lift_a_leased_fence_past_its_lease() {
     drop(nobody);
 }
 
+/// A proxy configured without the lease that `init --config` registered for its fence still
+/// gets the lease's verdicts after its first writes: the guard checks the registered lease
+/// on every call that names none (it leaves no marker for the path that checks the HWM
+/// alone), so a revoked lease refuses the next write.
+#[tokio::test]
+async fn a_proxy_without_the_registered_lease_still_sees_it_revoked() {
+    let f = Fixture::at_epoch_two().await;
+    let proxy = Proxy::start(f.cluster.port(), NO_LEASE).await;
+    let c = connect(proxy.port(), &f.db, "-c pgfence.epoch=2").await;
+    for _ in 0..3 {
+        c.execute(WRITE, &[]).await.unwrap();
+        c.batch_execute(WRITE).await.unwrap();
+    }
+    f.admin
+        .batch_execute("DELETE FROM leader_lease WHERE name = 'sweeper'")
+        .await
+        .unwrap();
+    assert_eq!(code(&c.execute(WRITE, &[]).await), "PF003");
+    assert_eq!(code(&c.batch_execute(WRITE).await), "PF003");
+    assert_eq!(f.hwm().await, 2);
+    // Control: straight to Postgres the write lands.
+    assert_eq!(write_directly(f.cluster, &f.db).await, 1);
+}
+
 /// A lease taken out of a fence's config stops checking it once `init --config` runs with
 /// that config: the guard follows the database's registration whoever calls it, so the
 /// registration goes too, and an epoch above the old lease's writes as it would without a
