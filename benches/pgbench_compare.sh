@@ -267,6 +267,12 @@ fi
 # The same binary with the four pgbench tables fenced; its sessions declare epoch 1.
 FENCED_OPTIONS='-c pgfence.epoch=1'
 FENCING=
+
+# The seed's lease table, for FENCE_LEASE=1 (the fenced and rewrite targets share it).
+lease_table() {
+  "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE IF NOT EXISTS leader_lease (name text PRIMARY KEY, holder text,
+    epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity')"
+}
 if has_target fenced; then
   FFPORT=$(free_port)
   pgfence_config fenced "$FFPORT"
@@ -278,8 +284,7 @@ tables = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_hi
 EOF
   FENCING="fenced: pgbench tables in reject mode, no lease"
   if [ "$FENCE_LEASE" = 1 ]; then
-    "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE IF NOT EXISTS leader_lease (name text PRIMARY KEY, holder text,
-      epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity')"
+    lease_table
     printf '[fence.lease]\ntable = "public.leader_lease"\n' >>"$WORK/fenced.toml"
     FENCING="fenced: pgbench tables in reject mode, with a lease table"
   fi
@@ -309,8 +314,7 @@ epoch_column = "last_epoch"
 EOF
   REWRITING="rewrite: pgbench_accounts in rewrite mode"
   if [ "$FENCE_LEASE" = 1 ]; then
-    "$PSQL" -X -q -p "$PGPORT" -d "$DB" -c "CREATE TABLE IF NOT EXISTS leader_lease (name text PRIMARY KEY, holder text,
-      epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity')"
+    lease_table
     printf '[fence.lease]\ntable = "public.leader_lease"\n' >>"$WORK/rewrite.toml"
     REWRITING="$REWRITING, with a lease table"
   fi

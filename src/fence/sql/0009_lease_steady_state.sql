@@ -128,6 +128,24 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.lease_marker(text, bigint, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.lease_marker(text, bigint, text, boolean) TO PUBLIC;
 
+-- Whether this session holds fence p_fence's lock exclusive: it changed the fence's row in
+-- this transaction (version 5's check, shared by both of guard_slow's records).
+CREATE FUNCTION pgfence.holds_fence_exclusive(p_fence text) RETURNS boolean
+    LANGUAGE sql VOLATILE
+AS $$
+SELECT EXISTS (
+    SELECT FROM pg_catalog.pg_locks l
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+       AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND l.classid OPERATOR(pg_catalog.=)
+           ((pgfence.lock_key(p_fence) OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
+       AND l.objid OPERATOR(pg_catalog.=)
+           (pgfence.lock_key(p_fence) OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid)
+$$;
+REVOKE ALL ON FUNCTION pgfence.holds_fence_exclusive(text) FROM PUBLIC;
+
 -- Version 5's guard (version 6's guard_slow), recording a lease-coupled pass, and leaving no
 -- marker for a fence registered with a lease that the caller did not name.
 CREATE OR REPLACE FUNCTION pgfence.guard_slow(p_fence text, p_epoch bigint, p_lease_table text DEFAULT NULL,
@@ -139,7 +157,6 @@ DECLARE
     v_hwm   bigint;
     v_lease bigint;
     v_count bigint;
-    v_key   bigint;
     v_ok    boolean;
     v_marker pg_catalog.text;  -- qualified: this function has no search_path of its own
 BEGIN
@@ -165,23 +182,13 @@ BEGIN
                 -- Recorded already (a caller without the trigger's answer, pgfence.guard, passes
                 -- here every time), or values this transaction wrote itself (it may never
                 -- commit): a writer of the fence row holds the fence's lock exclusive to its end.
-                v_key := pgfence.lock_key(p_fence);
                 v_marker := pgfence.lease_marker(p_fence, p_epoch, p_lease_table, p_keep_hwm);
                 IF v_count IS NOT NULL
                    AND NOT COALESCE(pg_catalog.current_setting('pgfence.lease_checked', true) OPERATOR(pg_catalog.=)
                                         v_count::pg_catalog.text
                                     AND pg_catalog.current_setting('pgfence.lease_passed', true) OPERATOR(pg_catalog.=)
                                         v_marker, false)
-                   AND NOT EXISTS (
-                       SELECT FROM pg_catalog.pg_locks l
-                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-                          AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-                          AND l.objsubid OPERATOR(pg_catalog.=) 1
-                          AND l.classid OPERATOR(pg_catalog.=)
-                              ((v_key OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
-                          AND l.objid OPERATOR(pg_catalog.=)
-                              (v_key OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) THEN
+                   AND NOT pgfence.holds_fence_exclusive(p_fence) THEN
                     PERFORM pg_catalog.set_config('pgfence.lease_passed', v_marker, false);
                     PERFORM pg_catalog.set_config('pgfence.lease_checked', v_count::pg_catalog.text, false);
                 END IF;
@@ -202,17 +209,7 @@ BEGIN
             IF p_epoch OPERATOR(pg_catalog.=) v_hwm THEN
                 -- Not a HWM this transaction wrote itself (it may never commit): a writer of
                 -- the fence row holds the fence's lock exclusive to its end.
-                v_key := pgfence.lock_key(p_fence);
-                IF v_count IS NOT NULL AND NOT EXISTS (
-                       SELECT FROM pg_catalog.pg_locks l
-                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-                          AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-                          AND l.objsubid OPERATOR(pg_catalog.=) 1
-                          AND l.classid OPERATOR(pg_catalog.=)
-                              ((v_key OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
-                          AND l.objid OPERATOR(pg_catalog.=)
-                              (v_key OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) THEN
+                IF v_count IS NOT NULL AND NOT pgfence.holds_fence_exclusive(p_fence) THEN
                     PERFORM pg_catalog.set_config('pgfence.guard_checked', v_count::pg_catalog.text, false);
                 END IF;
                 RETURN;
