@@ -22,8 +22,8 @@
 --   pgfence.lease_passed ("<epoch> <keep HWM> <length of lease table>:<lease table> <fence>",
 --   which no two different calls share). As for the fences without a lease, not in a
 --   transaction that holds the fence's lock exclusive: one that changed the fence row itself.
---   Only when not recorded already: a caller of pgfence.guard (a proxy of version 8) still
---   comes here in every transaction, and the pg_locks check is not free.
+--   Only when not recorded already: a caller of pgfence.guard (a pgfence older than this
+--   schema) still comes here in every transaction, and the pg_locks check is not free.
 -- * pgfence.guard_lease(fence, epoch, lease table, keep HWM, trigger in place) is the
 --   steady state: for the marker's call, at read committed, it takes the fence's lock shared
 --   and returns if the count is the recorded one; anything else calls pgfence.guard_slow.
@@ -31,7 +31,6 @@
 --   the caller passes whether pg_trigger holds it enabled, an EXISTS the proxy writes into
 --   its guard statement (a subquery would keep Postgres from inlining the function). Without
 --   it, the slow path decides, and raises PF005 as before.
---
 -- * A call that names no lease for a fence registered with one (a proxy configured without
 --   the lease) no longer leaves the marker of the path without a lease, which checks the HWM
 --   alone: after the first pass it missed a revoked lease. Each such call now goes to
