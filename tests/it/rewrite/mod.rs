@@ -208,17 +208,15 @@ async fn rewrite_guard_runs_in_every_transaction() {
         // below, once the schema is gone.
         let expected = if lease { [1, 0, 0, 0] } else { [0, 0, 0, 0] };
         assert_eq!(calls, expected, "guard calls per transaction, lease: {lease}");
-        {
-            f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
-            assert_eq!(
-                code(&c.batch_execute("UPDATE sweep_state SET note = 'x' WHERE id = 1").await),
-                "PF005"
-            );
-            assert_eq!(
-                code(&c.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await),
-                "PF005"
-            );
-        }
+        f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
+        assert_eq!(
+            code(&c.batch_execute("UPDATE sweep_state SET note = 'x' WHERE id = 1").await),
+            "PF005"
+        );
+        assert_eq!(
+            code(&c.execute("UPDATE sweep_state SET note = 'x' WHERE id = 1", &[]).await),
+            "PF005"
+        );
     }
 }
 
