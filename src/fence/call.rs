@@ -34,19 +34,6 @@ pub const GUARD_PARAM_TYPES: [u32; 4] = [BYTEA, 20, BYTEA, 16];
 /// `bytea`.
 const BYTEA: u32 = 17;
 
-/// The guard of a rewrite-mode fence without a lease. Such a fence keeps no state in the
-/// database (the rows carry the epochs) and its full guard only proves that the
-/// `pgfence` schema is there, so a statement that names a pgfence object does the same
-/// for less. The `regclass` literal is looked up once, when the statement is analysed
-/// (fails with 3F000 or 42P01 without the schema, reported as PF005), and calls nothing
-/// at execution. A prepared plan depends on the table it names, so once the schema is
-/// dropped the prepared probe is analysed again and fails the same way. A function call
-/// here would cost more in the simple protocol, where every transaction plans the probe
-/// anew: `SELECT pgfence.lock_key('')` (an SQL function, inlined at planning) cost about
-/// 20 µs of server CPU per call, this text about 3 (`pgbench -M simple -c 1` straight
-/// to Postgres, one statement per transaction). Same text in both protocols.
-pub const PROBE_SQL: &str = "SELECT 'pgfence.fence'::pg_catalog.regclass";
-
 /// A rejection for the extended protocol: `$1` SQLSTATE, `$2` message, `$3` hint, `$4` the
 /// fences whose current epochs Postgres appends to the message (a `text[]` as
 /// [`fences_param`] writes it). Schema version 7. Texts go in `bytea`, as for [`GUARD_SQL`].

@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 9;
+pub const SCHEMA_VERSION: i32 = 10;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -73,6 +73,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 9,
         name: "0009_lease_steady_state",
         sql: include_str!("sql/0009_lease_steady_state.sql"),
+    },
+    Migration {
+        version: 10,
+        name: "0010_epoch_domain",
+        sql: include_str!("sql/0010_epoch_domain.sql"),
     },
 ];
 

@@ -103,6 +103,11 @@ impl<'a> Body<'a> {
 
 /// Reads the SQLSTATE (`C` field) of an ErrorResponse or NoticeResponse body.
 pub fn error_code(body: &[u8]) -> Option<&[u8]> {
+    error_field(body, b'C')
+}
+
+/// The value of field `which` of an ErrorResponse or NoticeResponse body.
+pub fn error_field(body: &[u8], which: u8) -> Option<&[u8]> {
     let mut r = Body::new(body);
     loop {
         let field = r.u8()?;
@@ -110,10 +115,15 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
             return None;
         }
         let value = r.cstr()?;
-        if field == b'C' {
+        if field == which {
             return Some(value);
         }
     }
+}
+
+/// The position (`P`: 1-based, in the text Postgres received) of an ErrorResponse body.
+pub fn error_position(body: &[u8]) -> Option<usize> {
+    std::str::from_utf8(error_field(body, b'P')?).ok()?.parse().ok()
 }
 
 /// Whether an ErrorResponse body says the session ends (severity FATAL or PANIC; the

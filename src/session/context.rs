@@ -150,16 +150,17 @@ impl DbFences {
     }
 
     /// For offset `sent` (counted as `count` says) in the rewrite of `original` that `redo`
-    /// made, the offset in `original` it comes from (see `rewrite_source`). Rewrites again:
-    /// for an error's position, not for every statement.
-    pub fn rewrite_source(&self, original: &str, redo: Redo, sent: usize, count: Count) -> Option<usize> {
+    /// made, the offset in `original` it comes from, and whether it is in text the rewrite
+    /// added (see `rewrite_source`). Rewrites again: for an error's position, not for every
+    /// statement.
+    pub fn rewrite_source(&self, original: &str, redo: Redo, sent: usize, count: Count) -> Option<(usize, bool)> {
         let cache = self.rewriters.get(usize::from(redo.fence.0))?.as_ref()?;
         let target = cache.lock().unwrap_or_else(|p| p.into_inner()).target().clone();
         let lexing = Lexing {
             standard_conforming_strings: redo.standard_conforming_strings,
         };
-        let byte = rewrite_source(original, &target, redo.epoch, lexing, |text| count.byte(text, sent))?;
-        Some(count.at(original, byte))
+        let source = rewrite_source(original, &target, redo.epoch, lexing, |text| count.byte(text, sent))?;
+        Some((count.at(original, source.byte), source.added))
     }
 }
 

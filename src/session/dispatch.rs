@@ -761,9 +761,6 @@ impl Dispatcher {
     /// Not after a Bind still waiting for its Sync: the PREPARE would end the implicit
     /// transaction that holds its portal, which the client's `BEGIN` would have kept.
     fn prepare_ahead(&mut self, shared: &mut Shared) {
-        if self.prepare_probe_ahead(shared) {
-            return;
-        }
         let own = OwnStatement::Guard;
         // Cheapest first: once both are prepared, every Query stops at the second test.
         match shared.own.get(&own).copied().unwrap_or_default() {
@@ -773,7 +770,7 @@ impl Dispatcher {
             _ => return,
         }
         if self.speculative.epoch.current().is_none()
-            || !self.fences.applicable.iter().any(|&f| !self.probe_only(f))
+            || !self.fences.applicable.iter().any(|&f| !self.unguarded(f))
             || !self.may_prepare_now(shared)
         {
             return;
@@ -781,25 +778,6 @@ impl Dispatcher {
         shared.own.insert(own, Prepared::BY_QUERY);
         shared.pending.push_back(Unit::OwnQuery(own));
         self.query_prefix = Some(guard_sql::guard_prepare(own.name()));
-    }
-
-    /// The schema probe of rewrite-mode fences without a lease, prepared as the guard is
-    /// ([`Self::prepare_ahead`]), for sessions that may write such a fence: the simple
-    /// protocol then runs it by `EXECUTE` instead of parsing and planning it in each
-    /// transaction. Whether it queued its PREPARE.
-    fn prepare_probe_ahead(&mut self, shared: &mut Shared) -> bool {
-        let own = OwnStatement::Probe;
-        if shared.own.get(&own).copied().unwrap_or_default() != Prepared::No
-            || !self.fences.applicable.iter().any(|&f| self.probe_only(f))
-            || self.speculative.epoch.current().is_none()
-            || !self.may_prepare_now(shared)
-        {
-            return false;
-        }
-        shared.own.insert(own, Prepared::BY_QUERY);
-        shared.pending.push_back(Unit::OwnQuery(own));
-        self.query_prefix = Some(format!("PREPARE {} AS {}", own.name(), guard_sql::PROBE_SQL));
-        true
     }
 
     /// Once the guard statement is settled, the guard call for the session's fence and epoch
@@ -833,8 +811,7 @@ impl Dispatcher {
     }
 
     /// The fence and epoch the session's next fenced write would be guarded for, when pgfence
-    /// can tell and the fence has a guard: reject mode, or rewrite mode with a lease (without
-    /// one, rewrite mode runs the schema probe instead).
+    /// can tell and the fence has a guard: reject mode, or rewrite mode with a lease.
     fn const_guard_wanted(&self) -> Option<(FenceId, Epoch)> {
         let epoch = *self.speculative.epoch.current()?;
         let name = self.session_fence()?;
@@ -844,7 +821,7 @@ impl Dispatcher {
             .iter()
             .copied()
             .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == name))?;
-        (!self.probe_only(fence)).then_some((fence, epoch))
+        (!self.unguarded(fence)).then_some((fence, epoch))
     }
 
     /// Whether pgfence's statement `own` is there for the simple protocol to `EXECUTE`:
@@ -1278,13 +1255,16 @@ impl Dispatcher {
         let mut cached = None;
         let (own, injected, params): (_, _, Vec<Option<String>>) = match decision {
             Decision::Guard { fence, epoch } => {
-                if shared.guard_still_held(fence, epoch) || self.batch_guard == Some((self.batch, fence, epoch)) {
+                // Rewrite mode without a lease has nothing to check: its rewrite names the
+                // type `pgfence.epoch`, which a database without the schema refuses (PF005).
+                if self.unguarded(fence)
+                    || shared.guard_still_held(fence, epoch)
+                    || self.batch_guard == Some((self.batch, fence, epoch))
+                {
                     return;
                 }
                 self.batch_guard = Some((self.batch, fence, epoch));
-                if self.probe_only(fence) {
-                    (OwnStatement::Probe, Injected::Guard(fence, epoch), Vec::new())
-                } else {
+                {
                     // The call with its arguments written in: no parameters for Postgres to
                     // convert and evaluate in each transaction, and what depends on them
                     // alone folded once, when the statement is planned. Made again (Close,
@@ -1336,7 +1316,6 @@ impl Dispatcher {
                     (guard_sql::GUARD_SQL, guard_sql::GUARD_PARAM_TYPES.to_vec())
                 }
                 (OwnStatement::Reject, _) => (guard_sql::REJECT_SQL, guard_sql::REJECT_PARAM_TYPES.to_vec()),
-                (OwnStatement::Probe, _) => (guard_sql::PROBE_SQL, Vec::new()),
                 (OwnStatement::RejectIfPrepared, _) => (
                     guard_sql::REJECT_IF_PREPARED_SQL,
                     guard_sql::REJECT_IF_PREPARED_PARAM_TYPES.to_vec(),
@@ -1678,13 +1657,14 @@ impl Dispatcher {
     pub(super) fn epoch_names(&self, r: &Rejection) -> Vec<&str> {
         r.fences
             .iter()
-            .filter(|&&f| !self.probe_only(f))
+            .filter(|&&f| !self.unguarded(f))
             .map(|&f| self.fence_args(f).0)
             .collect()
     }
 
-    /// Whether `fence`'s guard is only the schema probe: rewrite mode without a lease.
-    pub(super) fn probe_only(&self, fence: FenceId) -> bool {
+    /// Whether `fence` has no guard: rewrite mode without a lease, whose rewrites carry all
+    /// there is to check (the epoch, and the type `pgfence.epoch` that proves the schema).
+    pub(super) fn unguarded(&self, fence: FenceId) -> bool {
         !self.keeps_hwm(fence) && self.fences.lease_tables[usize::from(fence.0)].is_none()
     }
 

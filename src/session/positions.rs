@@ -157,7 +157,7 @@ impl Positions {
                     let sent = sent.get(count);
                     if at < sent {
                         let inside = fences.and_then(|f| f.rewrite_source(original, *redo, at, count));
-                        return orig + inside.unwrap_or(0) + 1;
+                        return orig + inside.map_or(0, |(at, _)| at) + 1;
                     }
                     at -= sent;
                     orig += Len::of(original).get(count);
@@ -165,6 +165,36 @@ impl Positions {
             }
         }
         orig + at + 1
+    }
+}
+
+impl Positions {
+    /// The rewrite that Postgres' 1-based position `sent` (counted as `count` says) falls
+    /// in text of, when that text is what the rewrite added rather than the client's.
+    pub fn in_rewrite_addition(&self, sent: usize, count: Count, fences: &DbFences) -> Option<Redo> {
+        let mut at = sent.checked_sub(1)?;
+        for piece in &self.pieces {
+            let (len, rewritten) = match piece {
+                Piece::Copied(n) => (n.get(count), None),
+                Piece::Replaced { sent, .. } => (sent.get(count), None),
+                Piece::Rewritten { sent, original, redo } => (sent.get(count), Some((original, redo))),
+            };
+            if at < len {
+                let (original, redo) = rewritten?;
+                let (_, added) = fences.rewrite_source(original, *redo, at, count)?;
+                return added.then_some(*redo);
+            }
+            at -= len;
+        }
+        None
+    }
+
+    /// The first rewrite in the text.
+    pub fn first_rewrite(&self) -> Option<Redo> {
+        self.pieces.iter().find_map(|p| match p {
+            Piece::Rewritten { redo, .. } => Some(*redo),
+            _ => None,
+        })
     }
 }
 

@@ -252,22 +252,14 @@ impl Dispatcher {
     ) -> SimpleRewrite {
         match self.plan(fences, stmt_sql, exact) {
             Plan::Rewrite { fence, epoch, text } => {
-                // The guard checks the lease (PF003) when there is one; without one it only
-                // proves the database was initialised (PF005). Once per transaction: the
-                // contract checks every transaction, and the schema may be gone since.
-                let guard = (!(single && shared.guard_still_held(fence, epoch))).then(|| {
-                    let call = if self.probe_only(fence) {
-                        // Prepared by `prepare_probe_ahead`.
-                        let own = super::state::OwnStatement::Probe;
-                        if self.own_ready(shared, own) {
-                            format!("EXECUTE {}", own.name())
-                        } else {
-                            guard_sql::PROBE_SQL.to_owned()
-                        }
-                    } else {
-                        self.simple_guard_call(shared, fence, epoch)
-                    };
-                    (Injected::Guard(fence, epoch), call)
+                // The guard checks the lease (PF003) when there is one, once per transaction.
+                // Without one there is nothing to check: the rewrite names the type
+                // `pgfence.epoch`, so a database without the schema refuses it (PF005).
+                let guard = (!self.unguarded(fence) && !(single && shared.guard_still_held(fence, epoch))).then(|| {
+                    (
+                        Injected::Guard(fence, epoch),
+                        self.simple_guard_call(shared, fence, epoch),
+                    )
                 });
                 SimpleRewrite {
                     before: guard,

@@ -55,8 +55,6 @@ pub enum OwnStatement {
     Guard,
     /// `SELECT pgfence.reject(…)` ([`crate::fence::call::REJECT_SQL`]).
     Reject,
-    /// The schema probe of rewrite fences without a lease (see `fence::call::PROBE_SQL`).
-    Probe,
     /// `pgfence.reject` if a statement of that name is prepared
     /// (`fence::call::REJECT_IF_PREPARED_SQL`).
     RejectIfPrepared,
@@ -68,10 +66,9 @@ pub enum OwnStatement {
 }
 
 impl OwnStatement {
-    const ALL: [OwnStatement; 5] = [
+    const ALL: [OwnStatement; 4] = [
         OwnStatement::Guard,
         OwnStatement::Reject,
-        OwnStatement::Probe,
         OwnStatement::RejectIfPrepared,
         OwnStatement::ConstGuard,
     ];
@@ -86,9 +83,8 @@ impl OwnStatement {
         let i = match self {
             OwnStatement::Guard => 0,
             OwnStatement::Reject => 1,
-            OwnStatement::Probe => 2,
-            OwnStatement::RejectIfPrepared => 3,
-            OwnStatement::ConstGuard => 5,
+            OwnStatement::RejectIfPrepared => 2,
+            OwnStatement::ConstGuard => 4,
         };
         &OWN_NAMES[i]
     }
@@ -96,7 +92,7 @@ impl OwnStatement {
 
 /// The name of pgfence's own portal (extended protocol), e.g. `pgfence_p_1f2e3d4c`.
 pub fn own_portal() -> &'static str {
-    &OWN_NAMES[4]
+    &OWN_NAMES[3]
 }
 
 /// pgfence's statement and portal names share their namespaces with the client's on the
@@ -104,14 +100,13 @@ pub fn own_portal() -> &'static str {
 /// statement or cursor that happens to be called `pgfence_p`) from colliding with them
 /// by chance; a client that looks them up (`pg_prepared_statements`) and takes one on
 /// purpose is handled as before (see [`Prepared::Unknown`]).
-static OWN_NAMES: LazyLock<[String; 6]> = LazyLock::new(|| {
+static OWN_NAMES: LazyLock<[String; 5]> = LazyLock::new(|| {
     use std::hash::{BuildHasher, Hasher};
     // Randomly keyed per process by the standard library; no other randomness needed.
     let tag = std::collections::hash_map::RandomState::new().build_hasher().finish() as u32;
     [
         "pgfence_guard_v1",
         "pgfence_reject_v1",
-        "pgfence_probe_v1",
         "pgfence_reject_if_prepared_v1",
         "pgfence_p",
         "pgfence_guard_const_v1",
@@ -1218,6 +1213,11 @@ impl Shared {
         positions: Option<Arc<Positions>>,
         body: Option<&[u8]>,
     ) -> Verdict {
+        if let (Verdict::Forward, Some(positions), Some(body)) = (&verdict, &positions, body)
+            && let Some(pf005) = self.rewrite_not_initialised(positions, body)
+        {
+            return Verdict::Replace(pf005);
+        }
         match (verdict, positions, body) {
             (Verdict::Forward, Some(positions), Some(body)) => match self.reported.position_count() {
                 Some(count) => {
@@ -1322,46 +1322,71 @@ impl Shared {
             self.own.clear();
         }
         // Also at the Bind of our own prepared guard: when the schema was dropped after it was
-        // prepared, re-planning it there is what fails. 42P01 comes from the schema probe
-        // (`fence::call::PROBE_SQL`) when the schema is there but its table is not.
-        let missing_schema = matches!(code, Some(b"3F000" | b"42883" | b"42P01"));
-        if missing_schema {
-            // A function missing from a schema that is there: one older than this pgfence.
-            let schema = if matches!(code, Some(b"42883")) {
-                "the database's pgfence schema is older than this pgfence"
-            } else {
-                "the database has no pgfence schema"
-            };
-            let message = match injected {
-                Some(Injected::Guard(fence, epoch)) => format!(
-                    "pgfence: {schema}, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
-                    self.fences
-                        .as_ref()
-                        .and_then(|f| f.names.get(usize::from(fence.0)))
-                        .map_or("?", String::as_str)
-                ),
-                Some(Injected::Reject(Some(fence))) => format!(
-                    "pgfence: {schema}; writes to fence \"{}\" are refused",
-                    self.fences
-                        .as_ref()
-                        .and_then(|f| f.names.get(usize::from(fence.0)))
-                        .map_or("?", String::as_str)
-                ),
-                _ => format!("pgfence: {schema}; fenced writes are refused"),
-            };
-            let mut out = BytesMut::new();
-            codec::error_response(
-                &mut out,
-                "ERROR",
-                sqlstate::NOT_INITIALISED,
-                &message,
-                Some(
-                    "Run `pgfence init --database-url <url of this database>` (with --config to install lease triggers).",
-                ),
-            );
-            return Verdict::Replace(out);
+        // prepared, re-planning it there is what fails. 42P01: the schema is there but not
+        // its tables.
+        match code {
+            Some(code @ (b"3F000" | b"42883" | b"42P01")) => Verdict::Replace(self.not_initialised(injected, code)),
+            _ => Verdict::Forward,
         }
-        Verdict::Forward
+    }
+
+    /// PF005 in place of Postgres' error `code` for `injected`, or for a rewrite: the schema
+    /// is missing (3F000, 42P01), or older than this pgfence (a function or type it lacks).
+    fn not_initialised(&self, injected: Option<Injected>, code: &[u8]) -> BytesMut {
+        let schema = if matches!(code, b"42883" | b"42704") {
+            "the database's pgfence schema is older than this pgfence"
+        } else {
+            "the database has no pgfence schema"
+        };
+        let name = |fence: FenceId| {
+            self.fences
+                .as_ref()
+                .and_then(|f| f.names.get(usize::from(fence.0)))
+                .map_or("?", String::as_str)
+        };
+        let message = match injected {
+            Some(Injected::Guard(fence, epoch)) => format!(
+                "pgfence: {schema}, so fence \"{}\" cannot check epoch {epoch}; fenced writes are refused",
+                name(fence)
+            ),
+            Some(Injected::Reject(Some(fence))) => {
+                format!("pgfence: {schema}; writes to fence \"{}\" are refused", name(fence))
+            }
+            _ => format!("pgfence: {schema}; fenced writes are refused"),
+        };
+        let mut out = BytesMut::new();
+        codec::error_response(
+            &mut out,
+            "ERROR",
+            sqlstate::NOT_INITIALISED,
+            &message,
+            Some("Run `pgfence init --database-url <url of this database>` (with --config to install lease triggers)."),
+        );
+        out
+    }
+
+    /// PF005 for an error of a rewritten statement that Postgres raised because the type
+    /// every rewrite writes its epoch as, `pgfence.epoch`, is not there: the database has no
+    /// pgfence schema (3F000) or an older one (42704). Told from a client's own missing type
+    /// or schema by its position, in text the rewrite added; an error without a usable
+    /// position, by a message that names pgfence.
+    fn rewrite_not_initialised(&self, positions: &Positions, body: &[u8]) -> Option<BytesMut> {
+        let code = frame::error_code(body)?;
+        if !matches!(code, b"3F000" | b"42704") {
+            return None;
+        }
+        let fences = self.fences.as_deref()?;
+        let redo = match (frame::error_position(body), self.reported.position_count()) {
+            (Some(at), Some(count)) => positions.in_rewrite_addition(at, count, fences)?,
+            _ => {
+                let message = frame::error_field(body, b'M')?;
+                if memchr::memmem::find(message, b"pgfence").is_none() {
+                    return None;
+                }
+                positions.first_rewrite()?
+            }
+        };
+        Some(self.not_initialised(Some(Injected::Guard(redo.fence, redo.epoch)), code))
     }
 }
 

@@ -80,33 +80,47 @@ pub fn rewrite_lexing(
     rewrite_with_edits(stmt_sql, target, epoch, lexing).map(|(out, _)| out)
 }
 
+/// Where a byte of a rewrite comes from (see [`rewrite_source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Source {
+    /// The byte offset in the client's statement; for text the rewrite added, where it
+    /// was added.
+    pub byte: usize,
+    /// Whether the byte is in text the rewrite added.
+    pub added: bool,
+}
+
 /// For a byte offset in the rewrite of `stmt_sql` (found by `sent_byte` in the rewritten
-/// text), the byte offset in `stmt_sql` it comes from; text the rewrite added maps to where
-/// it was added. `None` when the statement cannot be rewritten or the offset is not found.
+/// text), where in `stmt_sql` it comes from. `None` when the statement cannot be rewritten
+/// or the offset is not found.
 pub fn rewrite_source(
     stmt_sql: &str,
     target: &RewriteTarget,
     epoch: Epoch,
     lexing: Lexing,
     sent_byte: impl FnOnce(&str) -> Option<usize>,
-) -> Option<usize> {
+) -> Option<Source> {
     let (out, edits) = rewrite_with_edits(stmt_sql, target, epoch, lexing).ok()?;
     let mut at = sent_byte(&out)?;
+    let client = |byte| Source { byte, added: false };
     // As `apply` built `out`: the client's text up to each edit, then the edit's text.
     let mut copied = 0;
     for e in &edits {
         let kept = e.at.start.saturating_sub(copied);
         if at < kept {
-            return Some(copied + at);
+            return Some(client(copied + at));
         }
         at -= kept;
         if at < e.text.len() {
-            return Some(e.at.start);
+            return Some(Source {
+                byte: e.at.start,
+                added: true,
+            });
         }
         at -= e.text.len();
         copied = copied.max(e.at.end);
     }
-    Some(copied + at)
+    Some(client(copied + at))
 }
 
 /// Longer statements are not rewritten: verifying one means parsing it whole with
@@ -136,7 +150,7 @@ fn rewrite_with_edits(
     let mut rw = dml::Rw {
         t: &toks,
         target,
-        n: epoch.to_string(),
+        n: epoch_text(epoch),
         col: quote_ident(&target.column),
         edits: Vec::new(),
         nodes: 0,
@@ -155,6 +169,16 @@ fn rewrite_with_edits(
     }
     Ok((out, edits))
 }
+
+/// How a rewrite writes `epoch`: as a constant of the type `pgfence.epoch` (schema version
+/// 10), so that Postgres refuses the statement when the database has no such schema
+/// (pgfence reports PF005) and its plan depends on the type. The planner folds the cast.
+pub fn epoch_text(epoch: Epoch) -> String {
+    format!("{epoch}::{EPOCH_TYPE}")
+}
+
+/// The type of [`epoch_text`], created by `pgfence init`.
+pub const EPOCH_TYPE: &str = "pgfence.epoch";
 
 /// Commands that change a rewrite-mode table without rows to put an epoch in.
 fn refuse_commands(t: &toks::Toks<'_>) -> Result<(), Unsupported> {

@@ -37,107 +37,107 @@ fn rewrites_are_text_edits() {
     let cases = [
         (
             "UPDATE sweep_state SET note = 'x' WHERE id = 1",
-            "UPDATE sweep_state SET note = 'x', last_epoch = 7 WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7",
+            "UPDATE sweep_state SET note = 'x', last_epoch = {N} WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= {N}",
         ),
         (
             "UPDATE sweep_state SET note = $1, last_epoch = $2 WHERE id = 1 OR id = 2 RETURNING *",
-            "UPDATE sweep_state SET note = $1, last_epoch = CASE WHEN false THEN $2 ELSE 7::BIGINT END WHERE (id = 1 OR id = 2) AND coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING *",
+            "UPDATE sweep_state SET note = $1, last_epoch = CASE WHEN false THEN $2 ELSE {N}::BIGINT END WHERE (id = 1 OR id = 2) AND coalesce(sweep_state.last_epoch, 0) <= {N} RETURNING *",
         ),
         (
             "update public.sweep_state s set note = o.n from other o where s.id = o.id",
-            "update public.sweep_state s set note = o.n, last_epoch = 7 from other o where (s.id = o.id) AND coalesce(s.last_epoch, 0) <= 7",
+            "update public.sweep_state s set note = o.n, last_epoch = {N} from other o where (s.id = o.id) AND coalesce(s.last_epoch, 0) <= {N}",
         ),
         (
             "DELETE FROM sweep_state",
-            "DELETE FROM sweep_state WHERE coalesce(sweep_state.last_epoch, 0) <= 7",
+            "DELETE FROM sweep_state WHERE coalesce(sweep_state.last_epoch, 0) <= {N}",
         ),
         (
             "DELETE FROM sweep_state AS s USING x WHERE s.id = x.id -- c\nRETURNING s.id",
-            "DELETE FROM sweep_state AS s USING x WHERE (s.id = x.id) AND coalesce(s.last_epoch, 0) <= 7 -- c\nRETURNING s.id",
+            "DELETE FROM sweep_state AS s USING x WHERE (s.id = x.id) AND coalesce(s.last_epoch, 0) <= {N} -- c\nRETURNING s.id",
         ),
         (
             "INSERT INTO sweep_state (id, note) VALUES (1, 'a'), (2, $1)",
-            "INSERT INTO sweep_state (id, note, last_epoch) VALUES (1, 'a', 7), (2, $1, 7)",
+            "INSERT INTO sweep_state (id, note, last_epoch) VALUES (1, 'a', {N}), (2, $1, {N})",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) VALUES (1, 99), (2, DEFAULT)",
-            "INSERT INTO sweep_state (id, last_epoch) VALUES (1, 7), (2, 7)",
+            "INSERT INTO sweep_state (id, last_epoch) VALUES (1, {N}), (2, {N})",
         ),
         (
             "INSERT INTO sweep_state DEFAULT VALUES",
-            "INSERT INTO sweep_state (last_epoch) VALUES (7)",
+            "INSERT INTO sweep_state (last_epoch) VALUES ({N})",
         ),
         (
             "INSERT INTO sweep_state (id, note) SELECT g, 'x' FROM generate_series(1, 3) g",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT g, 'x', 7 FROM generate_series(1, 3) g",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT g, 'x', {N} FROM generate_series(1, 3) g",
         ),
         (
             "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, $3",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, CASE WHEN false THEN $3 ELSE 7::BIGINT END",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, CASE WHEN false THEN $3 ELSE {N}::BIGINT END",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, 99, 'x' FROM generate_series(1, 3) g WHERE g > $1",
-            "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, 7, 'x' FROM generate_series(1, 3) g WHERE g > $1",
+            "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, {N}, 'x' FROM generate_series(1, 3) g WHERE g > $1",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT DISTINCT a, b FROM x",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT DISTINCT a, b FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT DISTINCT a, b FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT a, b FROM x GROUP BY 1, 2",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b FROM x GROUP BY 1, 2) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT a, b FROM x GROUP BY 1, 2) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT id, e FROM src ORDER BY 2 DESC LIMIT 1",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT id, e FROM src ORDER BY 2 DESC LIMIT 1) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT id, e FROM src ORDER BY 2 DESC LIMIT 1) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, NULL",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, 7",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, {N}",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT max(a), b FROM x",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT max(a), b FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT max(a), b FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT a, b + 1 FROM x",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT a, b + 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT a, b + 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT x.*, 1 FROM x",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT x.*, 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT x.*, 1 FROM x) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state (id, note) SELECT 1, 'a' UNION SELECT 2, 'b'",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, 7 FROM (SELECT 1, 'a' UNION SELECT 2, 'b') AS pgfence_q",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, {N} FROM (SELECT 1, 'a' UNION SELECT 2, 'b') AS pgfence_q",
         ),
         (
             "INSERT INTO sweep_state (id, note) (SELECT id, note FROM x)",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, 7 FROM ((SELECT id, note FROM x)) AS pgfence_q",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, {N} FROM ((SELECT id, note FROM x)) AS pgfence_q",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT 1, 2 UNION SELECT 3, 4",
-            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, 7 FROM (SELECT 1, 2 UNION SELECT 3, 4) AS pgfence_q (pgfence_c1, pgfence_c2)",
+            "INSERT INTO sweep_state (id, last_epoch) SELECT pgfence_q.pgfence_c1, {N} FROM (SELECT 1, 2 UNION SELECT 3, 4) AS pgfence_q (pgfence_c1, pgfence_c2)",
         ),
         (
             "INSERT INTO sweep_state AS t (id, note) VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET note = excluded.note WHERE t.note <> 'z' OR true",
-            "INSERT INTO sweep_state AS t (id, note, last_epoch) VALUES (1, 'a', 7) ON CONFLICT (id) DO UPDATE SET note = excluded.note, last_epoch = 7 WHERE (t.note <> 'z' OR true) AND coalesce(t.last_epoch, 0) <= 7",
+            "INSERT INTO sweep_state AS t (id, note, last_epoch) VALUES (1, 'a', {N}) ON CONFLICT (id) DO UPDATE SET note = excluded.note, last_epoch = {N} WHERE (t.note <> 'z' OR true) AND coalesce(t.last_epoch, 0) <= {N}",
         ),
         (
             "MERGE INTO sweep_state t USING src s ON t.id = s.id WHEN MATCHED AND s.del THEN DELETE WHEN MATCHED THEN UPDATE SET note = s.note WHEN NOT MATCHED THEN INSERT (id, note) VALUES (s.id, s.note)",
-            "MERGE INTO sweep_state t USING src s ON t.id = s.id WHEN MATCHED AND (s.del) AND coalesce(t.last_epoch, 0) <= 7 THEN DELETE WHEN MATCHED AND coalesce(t.last_epoch, 0) <= 7 THEN UPDATE SET note = s.note, last_epoch = 7 WHEN NOT MATCHED THEN INSERT (id, note, last_epoch) VALUES (s.id, s.note, 7)",
+            "MERGE INTO sweep_state t USING src s ON t.id = s.id WHEN MATCHED AND (s.del) AND coalesce(t.last_epoch, 0) <= {N} THEN DELETE WHEN MATCHED AND coalesce(t.last_epoch, 0) <= {N} THEN UPDATE SET note = s.note, last_epoch = {N} WHEN NOT MATCHED THEN INSERT (id, note, last_epoch) VALUES (s.id, s.note, {N})",
         ),
         (
             "WITH d AS (DELETE FROM sweep_state WHERE id = 1 RETURNING *) INSERT INTO audit (note) SELECT note FROM d",
-            "WITH d AS (DELETE FROM sweep_state WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING *) INSERT INTO audit (note) SELECT note FROM d",
+            "WITH d AS (DELETE FROM sweep_state WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= {N} RETURNING *) INSERT INTO audit (note) SELECT note FROM d",
         ),
         (
             "UPDATE sweep_state SET note = CASE WHEN a IS DISTINCT FROM b THEN 'x' END WHERE id IN (SELECT id FROM y WHERE z)",
-            "UPDATE sweep_state SET note = CASE WHEN a IS DISTINCT FROM b THEN 'x' END, last_epoch = 7 WHERE (id IN (SELECT id FROM y WHERE z)) AND coalesce(sweep_state.last_epoch, 0) <= 7",
+            "UPDATE sweep_state SET note = CASE WHEN a IS DISTINCT FROM b THEN 'x' END, last_epoch = {N} WHERE (id IN (SELECT id FROM y WHERE z)) AND coalesce(sweep_state.last_epoch, 0) <= {N}",
         ),
     ];
     for (input, want) in cases {
-        assert_eq!(rw(input).as_deref(), Ok(want), "{input}");
+        assert_eq!(rw(input), Ok(want.replace("{N}", "7::pgfence.epoch")), "{input}");
     }
 }
 
@@ -195,7 +195,7 @@ fn quoted_epoch_columns_stay_quoted() {
     let out = rewrite("UPDATE \"T\" SET a = 1", &t, Epoch::new(3).unwrap()).unwrap();
     assert_eq!(
         out,
-        "UPDATE \"T\" SET a = 1, \"Epoch\" = 3 WHERE coalesce(\"T\".\"Epoch\", 0) <= 3"
+        "UPDATE \"T\" SET a = 1, \"Epoch\" = 3::pgfence.epoch WHERE coalesce(\"T\".\"Epoch\", 0) <= 3::pgfence.epoch"
     );
 }
 
@@ -322,7 +322,7 @@ fn a_client_epoch_literal_has_no_hole() {
     let out = cache.rewrite(sql, epoch).unwrap();
     assert_eq!(
         &*out,
-        "UPDATE sweep_state SET last_epoch = 7, note = 'a' WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7"
+        "UPDATE sweep_state SET last_epoch = 7::pgfence.epoch, note = 'a' WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7::pgfence.epoch"
     );
     let t = cache.templates.values().next().unwrap()[0].1.clone().unwrap();
     assert_eq!(t.holes, vec![1, 2], "the client's 99 was replaced, not put back");
@@ -358,19 +358,19 @@ fn an_edit_never_touches_the_next_word() {
     let cases = [
         (
             "UPDATE sweep_state SET note='x'WHERE id=1",
-            "UPDATE sweep_state SET note='x', last_epoch = 7 WHERE (id=1) AND coalesce(sweep_state.last_epoch, 0) <= 7",
+            "UPDATE sweep_state SET note='x', last_epoch = {N} WHERE (id=1) AND coalesce(sweep_state.last_epoch, 0) <= {N}",
         ),
         (
             "UPDATE sweep_state SET note='x'RETURNING id",
-            "UPDATE sweep_state SET note='x', last_epoch = 7 WHERE coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING id",
+            "UPDATE sweep_state SET note='x', last_epoch = {N} WHERE coalesce(sweep_state.last_epoch, 0) <= {N} RETURNING id",
         ),
         (
             "DELETE FROM sweep_state WHERE id IN (1,2)RETURNING id",
-            "DELETE FROM sweep_state WHERE (id IN (1,2)) AND coalesce(sweep_state.last_epoch, 0) <= 7 RETURNING id",
+            "DELETE FROM sweep_state WHERE (id IN (1,2)) AND coalesce(sweep_state.last_epoch, 0) <= {N} RETURNING id",
         ),
     ];
     for (sql, want) in cases {
-        assert_eq!(rw(sql).unwrap(), want, "{sql}");
+        assert_eq!(rw(sql).unwrap(), want.replace("{N}", "7::pgfence.epoch"), "{sql}");
     }
 }
 

@@ -152,10 +152,11 @@ impl Check<'_> {
         }
     }
 
-    /// The epoch literal, or `CASE WHEN false THEN <client's value> ELSE N::BIGINT END`.
+    /// The epoch (`N::pgfence.epoch`), or `CASE WHEN false THEN <client's value> ELSE
+    /// N::pgfence.epoch::BIGINT END`.
     fn is_epoch(&self, e: &Expr) -> bool {
         match e {
-            Expr::Value(v) => matches!(&v.value, Value::Number(s, _) if s == self.n),
+            Expr::Cast { .. } => e.to_string() == self.n,
             Expr::Case {
                 operand: None,
                 conditions,

@@ -36,6 +36,14 @@ pub async fn dump(c: &Client) -> Rows {
         .collect()
 }
 
+/// A fresh database with the `pgfence` schema (rewrites name its type `pgfence.epoch`).
+pub async fn initialised_db(cluster: &'static Cluster) -> Client {
+    let db = cluster.fresh_db().await;
+    let mut c = cluster.admin(&db).await;
+    pgfence::fence::install::install(&mut c, &[]).await.unwrap();
+    c
+}
+
 /// Runs `sql` on freshly reset tables: its row count and the table after it.
 pub async fn run(c: &Client, sql: &str) -> (u64, Rows) {
     c.batch_execute(RESET).await.unwrap();
@@ -187,9 +195,7 @@ pub fn corpus() -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn rewrite_corpus_matches_hand_written_fencing_on_postgres() {
-    let cluster = Cluster::shared();
-    let db = cluster.fresh_db().await;
-    let c = cluster.admin(&db).await;
+    let c = initialised_db(Cluster::shared()).await;
     let corpus = corpus();
     assert!(corpus.len() >= 60, "{}", corpus.len());
     let epoch = Epoch::new(7).unwrap();

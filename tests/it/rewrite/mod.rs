@@ -172,10 +172,9 @@ async fn rewrite_database_without_init_gets_pf005() {
     assert_eq!(update_note(&direct, "x").await, 1);
 }
 
-/// The contract checks every transaction: the guard runs once in each, in either protocol,
-/// with a lease (which can still refuse the epoch) and without one (where a schema probe
-/// proves that `pgfence init` ran), so a schema dropped under a session is noticed at its
-/// next write, in either protocol.
+/// The contract checks every transaction: with a lease the guard runs once in each (it can
+/// still refuse the epoch); without one each rewrite names the type `pgfence.epoch`. Either
+/// way a schema dropped under a session is noticed at its next write, in either protocol.
 #[tokio::test]
 async fn rewrite_guard_runs_in_every_transaction() {
     for lease in [false, true] {
@@ -202,8 +201,7 @@ async fn rewrite_guard_runs_in_every_transaction() {
             // Every write is still rewritten: it stamps the session's epoch.
             assert_eq!(f.note().await, (note, e), "lease: {lease}");
         }
-        // Without a lease the check is the schema probe, which calls no PL/pgSQL function.
-        // With one, the first transaction reads the fence row in `guard_slow`; later ones
+        // Without a lease there is no guard to call. With one, the first transaction reads the fence row in `guard_slow`; later ones
         // run the guard's inline steady state. That each transaction still checks shows
         // below, once the schema is gone.
         let expected = if lease { [1, 0, 0, 0] } else { [0, 0, 0, 0] };
@@ -220,40 +218,99 @@ async fn rewrite_guard_runs_in_every_transaction() {
     }
 }
 
-/// Without a lease, the simple protocol runs the schema probe as `EXECUTE` of a statement
-/// pgfence prepares with an SQL `PREPARE` of its own (as it does the guard): once per
-/// transaction, prepared again after the client drops it, and every write still rewritten.
+/// Without a lease, pgfence runs no statement of its own: each rewrite writes its epoch as
+/// `N::pgfence.epoch`, so Postgres itself refuses the statement where the schema is gone
+/// (PF005), also one prepared before it went (its plan depends on the type), or where the
+/// schema is older than the type. A client's own missing type or schema in a rewritten
+/// statement reaches it as Postgres raised it, at its position in the client's text.
 #[tokio::test]
-async fn the_simple_protocol_executes_the_prepared_probe() {
+async fn without_a_lease_the_rewrite_alone_proves_the_schema() {
     let f = fixture(false).await;
     let c = f.leader(3).await;
+    let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let last_query = || async {
+        let row = f
+            .admin
+            .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .unwrap();
+        row.get::<_, String>(0)
+    };
     let write = |note: &str| format!("UPDATE sweep_state SET note = '{note}' WHERE id = 1");
-    // The first write spells the probe out (the PREPARE is in flight), the next ones run it.
+    let rewrite = |note: &str| {
+        format!(
+            "UPDATE sweep_state SET note = '{note}', last_epoch = 3::pgfence.epoch WHERE (id = 1) \
+             AND coalesce(sweep_state.last_epoch, 0) <= 3::pgfence.epoch"
+        )
+    };
+    // The simple protocol, outside and inside a transaction block: the Query Postgres got
+    // holds the rewrite and nothing before it.
     c.batch_execute(&write("w0")).await.unwrap();
-    once_per_transaction(&c, OwnStatement::Probe).await;
-    assert_eq!(f.note().await, ("t2".to_owned(), 3));
-    // Dropped by the client: spelled out once more while it is prepared again.
-    c.batch_execute("DEALLOCATE ALL").await.unwrap();
-    assert_eq!(probe_runs(&c).await, 0);
-    for i in 0..2 {
-        c.batch_execute(&write(&format!("d{i}"))).await.unwrap();
-    }
-    assert_eq!(probe_runs(&c).await, 1);
-    assert_eq!(f.note().await, ("d1".to_owned(), 3));
-    // A stale session through the same path touches nothing; straight to Postgres (the
-    // control) its write lands and lowers the row's epoch.
-    let stale = f.leader(2).await;
-    for note in ["s0", "s1"] {
-        simple_write_touches_no_row(&stale, note).await;
-    }
-    assert_eq!(probe_runs(&stale).await, 1);
-    assert_eq!(f.note().await, ("d1".to_owned(), 3));
-    let direct = f.direct().await;
-    direct
-        .batch_execute("UPDATE sweep_state SET note = 's', last_epoch = 2 WHERE id = 1")
+    assert_eq!(last_query().await, rewrite("w0"));
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&write("w1")).await.unwrap();
+    assert_eq!(last_query().await, rewrite("w1"));
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(f.note().await, ("w1".to_owned(), 3));
+    // The extended protocol prepares no statement of pgfence's.
+    let st = c
+        .prepare("UPDATE sweep_state SET note = $1 WHERE id = 1")
         .await
         .unwrap();
-    assert_eq!(f.note().await, ("s".to_owned(), 2));
+    assert_eq!(c.execute(&st, &[&"w2"]).await.unwrap(), 1);
+    let own: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(own, 0);
+    // A stale session touches no row; straight to Postgres (the control) its write lands.
+    simple_write_touches_no_row(&f.leader(2).await, "s").await;
+    assert_eq!(f.note().await, ("w2".to_owned(), 3));
+
+    // The client's own errors, in either protocol: code and position as Postgres gives
+    // them for the client's text.
+    for (sql, want) in [
+        ("UPDATE sweep_state SET note = 'x'::nosuchtype WHERE id = 1", "42704"),
+        ("UPDATE sweep_state SET note = 'x'::nosuch.t WHERE id = 1", "3F000"),
+    ] {
+        let at = sql.find("nosuch").unwrap() + 1;
+        for r in [c.batch_execute(sql).await, c.execute(sql, &[]).await.map(|_| ())] {
+            let e = r.unwrap_err();
+            let e = e.as_db_error().unwrap();
+            assert_eq!(e.code().code(), want, "{sql}: {e:?}");
+            assert!(
+                matches!(e.position(), Some(tokio_postgres::error::ErrorPosition::Original(p)) if *p as usize == at),
+                "{sql}: {e:?}"
+            );
+        }
+    }
+
+    // A schema older than the type: PF005, naming the fence and the epoch.
+    f.admin.batch_execute("DROP DOMAIN pgfence.epoch").await.unwrap();
+    for r in [
+        c.batch_execute(&write("o")).await,
+        c.execute(write("o").as_str(), &[]).await.map(|_| ()),
+    ] {
+        let e = r.unwrap_err();
+        let e = e.as_db_error().unwrap().clone();
+        assert_eq!(e.code().code(), "PF005", "{e:?}");
+        assert!(e.message().contains("older than this pgfence"), "{e:?}");
+        assert!(
+            e.message().contains("fence \"sweeper\"") && e.message().contains("epoch 3"),
+            "{e:?}"
+        );
+    }
+    // No schema at all, also for the statement prepared while it was there.
+    f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
+    assert_eq!(code(&c.execute(&st, &[&"x"]).await), "PF005");
+    assert_eq!(code(&c.batch_execute(&write("x")).await), "PF005");
+    assert_eq!(f.note().await, ("w2".to_owned(), 3));
+    // Control: straight to Postgres the write lands.
+    assert_eq!(f.direct().await.execute(write("d").as_str(), &[]).await.unwrap(), 1);
 }
 
 /// With a lease, the simple protocol runs the guard as `EXECUTE` of the statement pgfence
@@ -362,11 +419,6 @@ async fn const_text(c: &Client) -> String {
     .await
     .unwrap()
     .get(0)
-}
-
-/// How often the session ran pgfence's prepared schema probe (0 when it has none).
-async fn probe_runs(c: &Client) -> i64 {
-    crate::fencing::own_statement::runs_of(c, &[OwnStatement::Probe.name()]).await
 }
 
 /// Calls of `pgfence.guard` counted in this backend and not yet flushed to the shared

@@ -65,9 +65,7 @@ fn statement(e: i64) -> impl Strategy<Value = (String, String)> {
 
 #[tokio::test]
 async fn rewrite_random_statements_match_the_hand_written_version() {
-    let cluster = Cluster::shared();
-    let db = cluster.fresh_db().await;
-    let c = cluster.admin(&db).await;
+    let c = super::corpus::initialised_db(Cluster::shared()).await;
     let mut runner = TestRunner::new(Config::default());
     let cases = 96;
     for i in 0..cases {
