@@ -33,7 +33,8 @@
 #   a lease table (the guard's lease path). Target "rewrite": a third pgfence with
 #   pgbench_accounts in rewrite mode (a last_epoch column is added for every target), so each
 #   UPDATE of it gets `last_epoch = 1` and `last_epoch <= 1`; with FENCE_LEASE=1 its fence has
-#   a lease row too (a guard in each transaction instead of the schema probe).
+#   a lease row too (a guard in each transaction; without one, pgfence runs no statement of
+#   its own: the rewrite alone proves the schema).
 # - The floor of any check made inside the transaction (target "noop", tpcb-like -M simple and
 #   -M prepared): the unfenced pgfence, with the client itself sending one empty prepared
 #   statement (`SELECT 1`) right before each transaction's first write and in the same batch,

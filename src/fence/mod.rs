@@ -76,8 +76,8 @@
 //!    guard statement looks the trigger up itself, in each transaction, and passes the
 //!    answer: without the trigger, `guard_slow` decides (PF005).
 //! 10. The epoch type (`0010_epoch_domain.sql`): rewrite mode writes each epoch as
-//!    `N::pgfence.epoch`, so a database without the schema refuses the rewritten statement
-//!    itself (PF005) and a fence without a lease runs no statement of pgfence's.
+//!     `N::pgfence.epoch`, so a database without the schema refuses the rewritten statement
+//!     itself (PF005) and a fence without a lease runs no statement of pgfence's.
 //!
 //! A known cost: the first writes at a new epoch without a lease bump the HWM, and each
 //! bumping transaction holds the exclusive lock until it commits, so writers of the new

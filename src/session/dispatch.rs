@@ -1113,9 +1113,16 @@ impl Dispatcher {
         shared.pending.push_back(Unit::Execute(None, effect));
     }
 
-    /// Describe.
-    pub fn on_describe(&mut self, shared: &mut Shared) {
-        shared.pending.push_back(Unit::Describe);
+    /// Describe of a statement (`S`) or portal (`P`) named `name` (its key, see [`names`]).
+    pub fn on_describe(&mut self, shared: &mut Shared, kind: u8, name: &str) {
+        // Postgres checks a prepared statement again to describe it: a rewrite reports its
+        // errors in the rewritten text, as at Bind.
+        let positions = if kind == b'S' {
+            self.rw_statements.get(name).and_then(|rw| rw.last.positions.clone())
+        } else {
+            None
+        };
+        shared.pending.push_back(Unit::Describe(positions));
     }
 
     /// Close of a statement (`S`) or portal (`P`). What it removes goes when Postgres

@@ -483,11 +483,11 @@ fn handle_client_message(
             if !matches!(kind, b'S' | b'P') {
                 return Err(malformed());
             }
+            let name = key(st, name);
             if tag == b'C' {
-                let name = key(st, name);
                 disp.on_close(st, kind, &name);
             } else {
-                disp.on_describe(st);
+                disp.on_describe(st, kind, &name);
             }
             Ok(Action::Forward)
         }

@@ -255,7 +255,8 @@ impl Dispatcher {
                 // The guard checks the lease (PF003) when there is one, once per transaction.
                 // Without one there is nothing to check: the rewrite names the type
                 // `pgfence.epoch`, so a database without the schema refuses it (PF005).
-                let guard = (!self.unguarded(fence) && !(single && shared.guard_still_held(fence, epoch))).then(|| {
+                let skip = self.unguarded(fence) || single && shared.guard_still_held(fence, epoch);
+                let guard = (!skip).then(|| {
                     (
                         Injected::Guard(fence, epoch),
                         self.simple_guard_call(shared, fence, epoch),

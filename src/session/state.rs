@@ -325,8 +325,9 @@ pub enum Unit {
     /// Bind; of a client's rewritten statement, how its text was made; of a client's, the
     /// portal it replaces, to restore if Postgres refuses or skips it.
     Bind(Option<Injected>, Option<Arc<Positions>>, Option<Box<Rebind>>),
-    /// Describe.
-    Describe,
+    /// Describe; of a rewrite statement, how its text was made (Postgres checks a prepared
+    /// statement again when it describes it, and reports errors in the rewritten text).
+    Describe(Option<Arc<Positions>>),
     /// Execute.
     Execute(Option<Injected>, Option<Effect>),
     /// Close; the client's Close of a statement carries the last definition it removes.
@@ -581,7 +582,7 @@ impl Shared {
                     u,
                     Unit::Parse(..)
                         | Unit::Bind(..)
-                        | Unit::Describe
+                        | Unit::Describe(..)
                         | Unit::Close(..)
                         | Unit::ClosePortal(..)
                         | Unit::Sync { .. }
@@ -598,7 +599,7 @@ impl Shared {
             && self.pending.iter().all(|u| {
                 matches!(
                     u,
-                    Unit::Parse(..) | Unit::Bind(..) | Unit::Describe | Unit::Close(..) | Unit::ClosePortal(..)
+                    Unit::Parse(..) | Unit::Bind(..) | Unit::Describe(..) | Unit::Close(..) | Unit::ClosePortal(..)
                 )
             })
     }
@@ -701,7 +702,7 @@ impl Shared {
                             self.forget_failed(d);
                         }
                         let verdict = self.error_verdict(injected, body);
-                        self.with_client_position(verdict, positions, body)
+                        self.with_client_position(verdict, positions, body, false)
                     }
                     b'C' | b'I' => {
                         *done += 1;
@@ -787,7 +788,7 @@ impl Shared {
             },
             // Dropped above before anything is attributed.
             Unit::CopyEnd => Verdict::Forward,
-            Unit::Describe => match tag {
+            Unit::Describe(_) => match tag {
                 b'T' | b'n' => {
                     self.pending.pop_front();
                     Verdict::Forward
@@ -1182,39 +1183,43 @@ impl Shared {
             };
             self.settle_parse(s, mark, state);
         }
-        let positions = match self.pending.pop_front() {
+        // Whether Postgres analysed a statement prepared before (at a Bind or Describe).
+        let (positions, again) = match self.pending.pop_front() {
             Some(Unit::Parse(_, defined, positions)) => {
                 if let Some(d) = defined {
                     self.forget_failed(&d);
                 }
-                positions
+                (positions, false)
             }
             Some(Unit::Bind(_, positions, rebind)) => {
                 if let Some(r) = rebind {
                     self.bind_answered(&r.portal);
                     self.unbind(*r);
                 }
-                positions
+                (positions, true)
             }
-            _ => None,
+            Some(Unit::Describe(positions)) => (positions, true),
+            _ => (None, false),
         };
         self.tx_error = true;
         self.skipping = true;
         self.drop_skipped();
         let verdict = self.error_verdict(injected, body);
-        self.with_client_position(verdict, positions, body)
+        self.with_client_position(verdict, positions, body, again)
     }
 
     /// `verdict` for an error of the client's statement, with its position given in the
-    /// client's text when pgfence sent another (`positions`).
+    /// client's text when pgfence sent another (`positions`). `again`: the error comes from
+    /// Postgres analysing a prepared statement again (at a Bind or Describe).
     fn with_client_position(
         &self,
         verdict: Verdict,
         positions: Option<Arc<Positions>>,
         body: Option<&[u8]>,
+        again: bool,
     ) -> Verdict {
         if let (Verdict::Forward, Some(positions), Some(body)) = (&verdict, &positions, body)
-            && let Some(pf005) = self.rewrite_not_initialised(positions, body)
+            && let Some(pf005) = self.rewrite_not_initialised(positions, body, again)
         {
             return Verdict::Replace(pf005);
         }
@@ -1368,31 +1373,65 @@ impl Shared {
     /// PF005 for an error of a rewritten statement that Postgres raised because the type
     /// every rewrite writes its epoch as, `pgfence.epoch`, is not there: the database has no
     /// pgfence schema (3F000) or an older one (42704). Told from a client's own missing type
-    /// or schema by its position, in text the rewrite added; an error without a usable
-    /// position, by a message that names pgfence.
-    fn rewrite_not_initialised(&self, positions: &Positions, body: &[u8]) -> Option<BytesMut> {
+    /// or schema by its position, in text the rewrite added. Where pgfence cannot count the
+    /// position (a client encoding other than UTF8), or Postgres gives none because it
+    /// analyses a prepared statement again (`again`), by a message that names the type or
+    /// the schema. Errors raised while a statement runs have no position and are never
+    /// about the type.
+    fn rewrite_not_initialised(&self, positions: &Positions, body: &[u8], again: bool) -> Option<BytesMut> {
         let code = frame::error_code(body)?;
         if !matches!(code, b"3F000" | b"42704") {
             return None;
         }
         let fences = self.fences.as_deref()?;
-        let redo = match (frame::error_position(body), self.reported.position_count()) {
+        let at = frame::error_position(body);
+        let redo = match (at, self.reported.position_count()) {
             (Some(at), Some(count)) => positions.in_rewrite_addition(at, count, fences)?,
-            _ => {
-                let message = frame::error_field(body, b'M')?;
-                if memchr::memmem::find(message, b"pgfence").is_none() {
-                    return None;
-                }
+            _ if (at.is_some() || again) && names_epoch_type(code, frame::error_field(body, b'M')?) => {
                 positions.first_rewrite()?
             }
+            _ => return None,
         };
         Some(self.not_initialised(Some(Injected::Guard(redo.fence, redo.epoch)), code))
     }
 }
 
+/// Whether an error `message` names what a rewrite's `::pgfence.epoch` needs: the type
+/// (42704) or the schema `pgfence` (3F000). Messages may be translated, but they quote the
+/// name as written.
+fn names_epoch_type(code: &[u8], message: &[u8]) -> bool {
+    let word = |at: usize, len: usize| {
+        let ident = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'$' | b'.');
+        let joined_before = at > 0 && ident(&message[at - 1]);
+        let joined_after = message.get(at + len).is_some_and(ident);
+        !joined_before && !joined_after
+    };
+    let name: &[u8] = if code == b"42704" {
+        crate::sql::rewrite::EPOCH_TYPE.as_bytes()
+    } else {
+        b"pgfence"
+    };
+    memchr::memmem::find_iter(message, name).any(|at| word(at, name.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_epoch_type_is_told_by_its_name() {
+        assert!(names_epoch_type(b"42704", br#"type "pgfence.epoch" does not exist"#));
+        assert!(names_epoch_type(b"3F000", br#"schema "pgfence" does not exist"#));
+        assert!(names_epoch_type(
+            b"3F000",
+            "Schema \u{bb}pgfence\u{ab} existiert nicht".as_bytes()
+        ));
+        assert!(!names_epoch_type(b"3F000", br#"schema "pgfence_x" does not exist"#));
+        assert!(!names_epoch_type(b"3F000", br#"schema "my.pgfence" does not exist"#));
+        assert!(!names_epoch_type(b"42704", br#"type "pgfence.epochs" does not exist"#));
+        assert!(!names_epoch_type(b"42704", br#"type "mypgfence.epoch" does not exist"#));
+        assert!(!names_epoch_type(b"42704", br#"type with OID 16390 does not exist"#));
+    }
 
     /// A portal-dropping effect is applied only on the tag of a statement that drops
     /// portals: a misread statement (here a `PREPARE` taken for a transaction's end) leaves

@@ -10,8 +10,8 @@
 -- Now each rewritten statement writes its epoch as `N::pgfence.epoch`. Postgres looks the
 -- type up while it analyses the statement, before anything runs, so a database without the
 -- schema (3F000) or with one older than this version (42704) refuses the statement itself,
--- and pgfence turns that error into PF005. A prepared statement's plan depends on the type:
--- dropping the schema makes Postgres analyse it again, with the same result. The planner
+-- and pgfence turns that error into PF005. Dropping the schema makes Postgres analyse every
+-- prepared statement again, with the same result. The planner
 -- folds the cast of a constant to a domain without constraints, so a write pays nothing for
 -- it when it runs.
 --

@@ -172,7 +172,8 @@ fn rewrite_with_edits(
 
 /// How a rewrite writes `epoch`: as a constant of the type `pgfence.epoch` (schema version
 /// 10), so that Postgres refuses the statement when the database has no such schema
-/// (pgfence reports PF005) and its plan depends on the type. The planner folds the cast.
+/// (pgfence reports PF005), also when it analyses a prepared statement again after the schema
+/// was dropped. The planner folds the cast.
 pub fn epoch_text(epoch: Epoch) -> String {
     format!("{epoch}::{EPOCH_TYPE}")
 }

@@ -289,8 +289,40 @@ async fn without_a_lease_the_rewrite_alone_proves_the_schema() {
         }
     }
 
-    // A schema older than the type: PF005, naming the fence and the epoch.
+    // An error raised while a statement runs names no type of pgfence's, whatever its
+    // code: here 42704 for a setting nobody set, in the Query of a rewrite.
+    let r = c
+        .batch_execute(&format!("{}; SELECT current_setting('pgfence.fence')", write("g")))
+        .await;
+    assert_eq!(code(&r), "42704", "{r:?}");
+
+    // A statement prepared and described before the schema goes (raw protocol, to describe it
+    // again afterwards).
+    use crate::common::raw::{self, Raw};
+    let (mut old, _) = Raw::startup(
+        f.proxy.port(),
+        &[("user", "postgres"), ("database", &f.db), ("pgfence.epoch", "3")],
+    )
+    .await;
+    let returning = "UPDATE sweep_state SET note = 'r' WHERE id = 1 RETURNING note";
+    old.send(
+        &[
+            raw::parse("kept", returning),
+            raw::describe_statement("kept"),
+            raw::sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    let msgs = old.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(raw::tags(&msgs), "1tTZ");
+
+    // A schema older than the type: PF005, naming the fence and the epoch. (The statement
+    // prepared while the type was there is refused too, but with Postgres' own error: its
+    // plan, made again, looks the type up by a number that names nothing now.)
     f.admin.batch_execute("DROP DOMAIN pgfence.epoch").await.unwrap();
+    assert!(c.execute(&st, &[&"x"]).await.is_err());
+    assert_eq!(f.note().await, ("w2".to_owned(), 3));
     for r in [
         c.batch_execute(&write("o")).await,
         c.execute(write("o").as_str(), &[]).await.map(|_| ()),
@@ -304,9 +336,13 @@ async fn without_a_lease_the_rewrite_alone_proves_the_schema() {
             "{e:?}"
         );
     }
-    // No schema at all, also for the statement prepared while it was there.
+    // No schema at all, also for the statements prepared while it was there, at Bind and
+    // at Describe.
     f.admin.batch_execute("DROP SCHEMA pgfence CASCADE").await.unwrap();
     assert_eq!(code(&c.execute(&st, &[&"x"]).await), "PF005");
+    old.send(&[raw::describe_statement("kept"), raw::sync()].concat()).await;
+    let msgs = old.read_until(|m| m.tag == b'Z').await;
+    assert_eq!(raw::codes(&msgs), ["PF005"], "{msgs:?}");
     assert_eq!(code(&c.batch_execute(&write("x")).await), "PF005");
     assert_eq!(f.note().await, ("w2".to_owned(), 3));
     // Control: straight to Postgres the write lands.
