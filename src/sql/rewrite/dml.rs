@@ -226,19 +226,23 @@ impl Rw<'_, '_> {
     }
 
     /// Replaces the client's value expression `r` for the epoch column by the
-    /// epoch. One with `$n` parameters is kept (never evaluated) so that the
-    /// statement still has, and can infer the types of, the client's parameters.
+    /// epoch. The expression is kept, never evaluated (`CASE WHEN false THEN <it> ELSE
+    /// N::BIGINT END`, folded away when Postgres plans the statement): the statement still
+    /// has, and Postgres can infer the types of, the client's parameters, and Postgres still
+    /// analyses it, so a mistake in it (a column or type that does not exist, a value that
+    /// is not a number) fails the statement as it would without pgfence. `DEFAULT`, which
+    /// only stands alone, is replaced.
     pub(super) fn value(&mut self, r: Range<usize>) -> Res {
         let t = self.t;
         if r.is_empty() {
             return Err(shape("an empty value for the epoch column"));
         }
         let span = t.start(r.start)..t.end(r.end - 1);
-        if t.has_param(&r) {
+        if r.len() == 1 && t.is(r.start, "default") {
+            self.replace(span, self.n.clone());
+        } else {
             self.insert(span.start, "CASE WHEN false THEN ".into());
             self.insert(span.end, format!(" ELSE {}::BIGINT END", self.n));
-        } else {
-            self.replace(span, self.n.clone());
         }
         Ok(())
     }

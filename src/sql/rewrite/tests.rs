@@ -61,7 +61,7 @@ fn rewrites_are_text_edits() {
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) VALUES (1, 99), (2, DEFAULT)",
-            "INSERT INTO sweep_state (id, last_epoch) VALUES (1, {N}), (2, {N})",
+            "INSERT INTO sweep_state (id, last_epoch) VALUES (1, CASE WHEN false THEN 99 ELSE {N}::BIGINT END), (2, {N})",
         ),
         (
             "INSERT INTO sweep_state DEFAULT VALUES",
@@ -77,7 +77,7 @@ fn rewrites_are_text_edits() {
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, 99, 'x' FROM generate_series(1, 3) g WHERE g > $1",
-            "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, {N}, 'x' FROM generate_series(1, 3) g WHERE g > $1",
+            "INSERT INTO sweep_state (id, last_epoch, note) SELECT g, CASE WHEN false THEN 99 ELSE {N}::BIGINT END, 'x' FROM generate_series(1, 3) g WHERE g > $1",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT DISTINCT a, b FROM x",
@@ -93,7 +93,7 @@ fn rewrites_are_text_edits() {
         ),
         (
             "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, NULL",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, {N}",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, CASE WHEN false THEN NULL ELSE {N}::BIGINT END",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT max(a), b FROM x",
@@ -314,18 +314,25 @@ fn templates_keep_unusual_literals_as_written() {
     assert!(shape_of("UPDATE t SET a = 'x''y' WHERE b = 'it''s'").is_some());
 }
 
+/// A client's value for the epoch column stays in the text, where Postgres analyses it but
+/// never evaluates it: the template puts each statement's own literal back there, and the
+/// epoch written is the session's.
 #[test]
-fn a_client_epoch_literal_has_no_hole() {
+fn a_client_epoch_literal_stays_unevaluated() {
     let mut cache = RewriteCache::new(target());
     let epoch = Epoch::new(7).unwrap();
-    let sql = "UPDATE sweep_state SET last_epoch = 99, note = 'a' WHERE id = 1";
-    let out = cache.rewrite(sql, epoch).unwrap();
-    assert_eq!(
-        &*out,
-        "UPDATE sweep_state SET last_epoch = 7::pgfence.epoch, note = 'a' WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7::pgfence.epoch"
-    );
+    let rewrite = |v: &str| {
+        format!(
+            "UPDATE sweep_state SET last_epoch = CASE WHEN false THEN {v} ELSE 7::pgfence.epoch::BIGINT END, \
+             note = 'a' WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= 7::pgfence.epoch"
+        )
+    };
+    for v in ["99", "98", "'x'"] {
+        let sql = format!("UPDATE sweep_state SET last_epoch = {v}, note = 'a' WHERE id = 1");
+        assert_eq!(&*cache.rewrite(&sql, epoch).unwrap(), rewrite(v));
+    }
     let t = cache.templates.values().next().unwrap()[0].1.clone().unwrap();
-    assert_eq!(t.holes, vec![1, 2], "the client's 99 was replaced, not put back");
+    assert_eq!(t.holes, vec![0, 1, 2]);
 }
 
 /// Found by the `rewrite` fuzz target: an unterminated string ending in `''` was taken

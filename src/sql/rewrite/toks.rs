@@ -79,11 +79,6 @@ impl<'a> Toks<'a> {
         self.toks.get(i).is_some_and(|t| t.kind == TokenKind::Punct(b))
     }
 
-    /// Whether token `i` is a positional parameter.
-    pub(super) fn param(&self, i: usize) -> bool {
-        self.toks.get(i).is_some_and(|t| t.kind == TokenKind::Param)
-    }
-
     /// The depth of token `i`.
     pub(super) fn depth(&self, i: usize) -> u32 {
         self.toks.get(i).map_or(0, |t| t.depth)
@@ -138,10 +133,5 @@ impl<'a> Toks<'a> {
         }
         out.push(start..to);
         out
-    }
-
-    /// Whether any token of `range` is a positional parameter.
-    pub(super) fn has_param(&self, range: &Range<usize>) -> bool {
-        range.clone().any(|i| self.param(i))
     }
 }

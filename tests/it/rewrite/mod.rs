@@ -349,6 +349,44 @@ async fn without_a_lease_the_rewrite_alone_proves_the_schema() {
     assert_eq!(f.direct().await.execute(write("d").as_str(), &[]).await.unwrap(), 1);
 }
 
+/// A client's own value for the epoch column is replaced by the session's epoch, but
+/// Postgres still analyses it: a mistake in it fails the statement with Postgres' error, at
+/// its position in the client's text, as straight to Postgres, in either protocol.
+#[tokio::test]
+async fn a_client_value_for_the_epoch_column_is_analysed_not_written() {
+    let f = fixture(false).await;
+    let c = f.leader(3).await;
+    let direct = f.direct().await;
+    let error = |r: Result<(), tokio_postgres::Error>| {
+        let e = r.unwrap_err();
+        let e = e.as_db_error().unwrap_or_else(|| panic!("{e:?}")).clone();
+        (e.code().code().to_owned(), format!("{:?}", e.position()))
+    };
+    for sql in [
+        "UPDATE sweep_state SET last_epoch = nosuchcol WHERE id = 1",
+        "UPDATE sweep_state SET last_epoch = '7'::nosuchtype WHERE id = 1",
+        "UPDATE sweep_state SET last_epoch = 'abc' WHERE id = 1",
+        "INSERT INTO sweep_state (id, note, last_epoch) VALUES (5, 'x', nosuchcol)",
+        "INSERT INTO sweep_state (id, note, last_epoch) SELECT 5, 'x', nosuchcol FROM sweep_state",
+    ] {
+        let want = error(direct.batch_execute(sql).await);
+        assert_ne!(want.0, "", "{sql}");
+        assert_eq!(error(c.batch_execute(sql).await), want, "{sql}");
+        assert_eq!(error(c.execute(sql, &[]).await.map(|_| ())), want, "{sql}");
+    }
+    // A valid value is still replaced: the row carries the session's epoch.
+    c.batch_execute("UPDATE sweep_state SET note = 'v', last_epoch = 99 WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(f.note().await, ("v".to_owned(), 3));
+    // Control: straight to Postgres the value is written.
+    direct
+        .batch_execute("UPDATE sweep_state SET last_epoch = 99 WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(f.note().await, ("v".to_owned(), 99));
+}
+
 /// With a lease, the simple protocol runs the guard as `EXECUTE` of the statement pgfence
 /// prepares for the session's fence and epoch, as in reject mode: once per transaction, made
 /// again for a new epoch, and still checking the lease (PF003 above it) while a stale
