@@ -1271,18 +1271,16 @@ impl Dispatcher {
                     return;
                 }
                 self.batch_guard = Some((self.batch, fence, epoch));
-                {
-                    // The call with its arguments written in: no parameters for Postgres to
-                    // convert and evaluate in each transaction, and what depends on them
-                    // alone folded once, when the statement is planned. Made again (Close,
-                    // Parse) when the fence or epoch changes.
-                    guard = Some((fence, epoch));
-                    cached = match &self.guard_messages {
-                        Some((f, e, bytes)) if (*f, *e) == (fence, epoch) => Some(bytes.clone()),
-                        _ => None,
-                    };
-                    (OwnStatement::ConstGuard, Injected::Guard(fence, epoch), Vec::new())
-                }
+                // The call with its arguments written in: no parameters for Postgres to
+                // convert and evaluate in each transaction, and what depends on them alone
+                // folded once, when the statement is planned. Made again (Close, Parse) when
+                // the fence or epoch changes.
+                guard = Some((fence, epoch));
+                cached = match &self.guard_messages {
+                    Some((f, e, bytes)) if (*f, *e) == (fence, epoch) => Some(bytes.clone()),
+                    _ => None,
+                };
+                (OwnStatement::ConstGuard, Injected::Guard(fence, epoch), Vec::new())
             }
             Decision::Reject(r) => {
                 let fences = guard_sql::fences_param(&self.epoch_names(&r));

@@ -166,9 +166,7 @@ impl Positions {
         }
         orig + at + 1
     }
-}
 
-impl Positions {
     /// The rewrite that Postgres' 1-based position `sent` (counted as `count` says) falls
     /// in text of, when that text is what the rewrite added rather than the client's.
     pub fn in_rewrite_addition(&self, sent: usize, count: Count, fences: &DbFences) -> Option<Redo> {
