@@ -162,7 +162,8 @@ impl Rw<'_, '_> {
         Ok(())
     }
 
-    /// `INSERT … (cols) <query>`: a plain SELECT gets `, N` appended to its output
+    /// `INSERT … (cols) <query>`: a plain SELECT (also in parentheses or after a WITH
+    /// list, see [`Self::rows_query`]) gets `, N` appended to its output
     /// list, or its output for a listed epoch column replaced (see [`Self::own_output`]);
     /// any other query is wrapped: `SELECT q.*, N FROM (<query>) AS q` (so Postgres still
     /// refuses a query with more or fewer outputs than columns), or, when the list names
@@ -171,7 +172,8 @@ impl Rw<'_, '_> {
     /// of the query: it types `$n` and untyped literals in a SELECT by the columns they go
     /// to, and inside the wrapper they would be text.
     fn insert_query(&mut self, s: usize, e: usize, d: u32, cols: &Cols) -> Res {
-        if let Some((p, end)) = self.simple_projection(s, e, d) {
+        let (qs, qe, qd) = self.rows_query(s, e, d);
+        if let Some((p, end)) = self.simple_projection(qs, qe, qd) {
             match cols.col {
                 None => {
                     self.insert(self.t.end(end - 1), format!(", {}", self.n));
@@ -179,7 +181,7 @@ impl Rw<'_, '_> {
                     return Ok(());
                 }
                 Some(k) => {
-                    if let Some(item) = self.own_output(s..e, p..end, d, cols.len, k) {
+                    if let Some(item) = self.own_output(qs..qe, p..end, qd, cols.len, k) {
                         return self.value(item);
                     }
                 }
@@ -205,6 +207,27 @@ impl Rw<'_, '_> {
         self.insert(t.end(e - 1), format!(") AS pgfence_q ({})", aliases.join(", ")));
         self.add_col(cols);
         Ok(())
+    }
+
+    /// The query that makes an INSERT's rows, `s..e` at depth `d`, with what Postgres reads
+    /// around it peeled off: parentheses around the whole query, and a WITH list before its
+    /// SELECT. So `(SELECT …)` and `WITH c AS (…) SELECT …` are edited in place like a plain
+    /// SELECT, and keep Postgres' typing of their outputs. (A WITH list inside an INSERT's
+    /// query holds no data-modifying statement: Postgres refuses one there.)
+    fn rows_query(&self, mut s: usize, mut e: usize, mut d: u32) -> (usize, usize, u32) {
+        let t = self.t;
+        loop {
+            if e > s + 1 && t.punct(s, b'(') && t.close(s) == Some(e - 1) {
+                (s, e, d) = (s + 1, e - 1, d + 1);
+            } else if t.is(s, "with") {
+                match t.clause(s + 1, e, d, &["select"]) {
+                    Some(k) => s = k,
+                    None => return (s, e, d),
+                }
+            } else {
+                return (s, e, d);
+            }
+        }
     }
 
     /// The output (tokens) of the simple SELECT `query` (output list `outputs`) that goes

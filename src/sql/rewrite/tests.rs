@@ -113,7 +113,27 @@ fn rewrites_are_text_edits() {
         ),
         (
             "INSERT INTO sweep_state (id, note) (SELECT id, note FROM x)",
-            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, {N} FROM ((SELECT id, note FROM x)) AS pgfence_q",
+            "INSERT INTO sweep_state (id, note, last_epoch) (SELECT id, note, {N} FROM x)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) ((SELECT $1, $2 LIMIT 1))",
+            "INSERT INTO sweep_state (id, last_epoch) ((SELECT $1, CASE WHEN false THEN $2 ELSE {N}::BIGINT END LIMIT 1))",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) WITH RECURSIVE c (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 3) SELECT n, 'a' FROM c",
+            "INSERT INTO sweep_state (id, note, last_epoch) WITH RECURSIVE c (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 3) SELECT n, 'a', {N} FROM c",
+        ),
+        (
+            "INSERT INTO sweep_state (id, last_epoch) (WITH c AS MATERIALIZED (SELECT 1 AS a) SELECT a, 9 FROM c)",
+            "INSERT INTO sweep_state (id, last_epoch) (WITH c AS MATERIALIZED (SELECT 1 AS a) SELECT a, CASE WHEN false THEN 9 ELSE {N}::BIGINT END FROM c)",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) (SELECT 1, 'a') UNION (SELECT 2, 'b')",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, {N} FROM ((SELECT 1, 'a') UNION (SELECT 2, 'b')) AS pgfence_q",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) WITH c AS (SELECT 1, 'a') TABLE c",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT pgfence_q.*, {N} FROM (WITH c AS (SELECT 1, 'a') TABLE c) AS pgfence_q",
         ),
         (
             "INSERT INTO sweep_state (id, last_epoch) SELECT 1, 2 UNION SELECT 3, 4",

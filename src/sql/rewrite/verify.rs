@@ -234,7 +234,13 @@ impl Check<'_> {
         }
         let k = self.col_position(&i.columns)?;
         let source = i.source.as_ref().ok_or_else(|| shape("an INSERT without rows"))?;
-        let rows_ok = match source.body.as_ref() {
+        // Parentheses around the whole query (`(SELECT …)`) make a nested query; its rows
+        // are the INSERT's.
+        let mut body = source.body.as_ref();
+        while let SetExpr::Query(inner) = body {
+            body = inner.body.as_ref();
+        }
+        let rows_ok = match body {
             SetExpr::Values(v) => v.rows.iter().all(|r| r.get(k).is_some_and(|e| self.is_epoch(e))),
             SetExpr::Select(s) => {
                 let item_is_epoch =

@@ -149,6 +149,14 @@ const BESPOKE: &[(&str, &str)] = &[
         "INSERT INTO items (id, note, n, last_epoch) SELECT 600, 'lit', '5', 7",
     ),
     (
+        "INSERT INTO items (id, note, n) (SELECT id + 800, 'par', '8' FROM src WHERE del)",
+        "INSERT INTO items (id, note, n, last_epoch) SELECT id + 800, 'par', 8, 7 FROM src WHERE del",
+    ),
+    (
+        "INSERT INTO items (id, n, last_epoch) WITH s AS (SELECT id FROM src WHERE NOT del) SELECT id + 900, '9', 1 FROM s",
+        "INSERT INTO items (id, n, last_epoch) SELECT id + 900, 9, 7 FROM src WHERE NOT del",
+    ),
+    (
         "INSERT INTO items (id, last_epoch) SELECT id + 200, 1 FROM src UNION ALL SELECT 300, 2",
         "INSERT INTO items (id, last_epoch) SELECT id, 7 FROM (SELECT id + 200, 1 FROM src UNION ALL SELECT 300, 2) q (id, e)",
     ),

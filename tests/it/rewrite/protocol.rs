@@ -436,35 +436,63 @@ async fn a_skipped_parse_of_a_rewrite_statement_is_not_prepared_behind_the_clien
 
 /// `INSERT … SELECT $1, $2, $3` naming the epoch column: Postgres types the parameters by
 /// the columns they go to, through pgfence as straight to it (a typed driver such as
-/// asyncpg sends them in those types), and the row gets the session's epoch.
+/// asyncpg sends them in those types), and the row gets the session's epoch. The same
+/// holds for the query in parentheses, after a WITH list, and without the epoch column.
 #[tokio::test]
 async fn insert_select_parameters_keep_the_types_of_their_columns() {
+    use tokio_postgres::types::{ToSql, Type};
     let f = fixture(false).await;
     let s = f.leader(5).await;
-    let sql = "INSERT INTO items (id, note, n, last_epoch) SELECT $1, $2, $3, $4";
-    let types = |st: &tokio_postgres::Statement| st.params().to_vec();
-    let direct = types(&f.direct().await.prepare(sql).await.unwrap());
-    let st = s.prepare(sql).await.unwrap();
-    assert_eq!(types(&st), direct);
-    assert_eq!(
-        direct,
-        [
-            tokio_postgres::types::Type::INT4,
-            tokio_postgres::types::Type::TEXT,
-            tokio_postgres::types::Type::INT4,
-            tokio_postgres::types::Type::INT8
-        ]
-    );
-    assert_eq!(s.execute(&st, &[&7i32, &"x", &1i32, &99i64]).await.unwrap(), 1);
-    let row = f
-        .admin
-        .query_one("SELECT note, n, last_epoch FROM items WHERE id = 7", &[])
-        .await
-        .unwrap();
-    assert_eq!(
-        (row.get::<_, String>(0), row.get::<_, i32>(1), row.get::<_, i64>(2)),
-        ("x".into(), 1, 5)
-    );
+    let direct = f.direct().await;
+    let forms = [
+        "INSERT INTO items (id, note, n, last_epoch) SELECT $1, $2, $3, $4",
+        "INSERT INTO items (id, note, n, last_epoch) (SELECT $1, $2, $3, $4)",
+        "INSERT INTO items (id, note, n, last_epoch) ((SELECT $1, $2, $3, $4 LIMIT 1))",
+        "INSERT INTO items (id, note, n, last_epoch) WITH c AS (SELECT 1) SELECT $1, $2, $3, $4 FROM c",
+        "INSERT INTO items (id, note, n) (WITH RECURSIVE c (k) AS (SELECT 1) SELECT $1, $2, $3 FROM c)",
+    ];
+    for (k, sql) in forms.iter().enumerate() {
+        let types = |st: &tokio_postgres::Statement| st.params().to_vec();
+        let want = types(&direct.prepare(sql).await.unwrap());
+        let st = s.prepare(sql).await.unwrap();
+        assert_eq!(types(&st), want, "{sql}");
+        assert_eq!(&want[..3], [Type::INT4, Type::TEXT, Type::INT4], "{sql}");
+        let id = 7 + k as i32;
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&id, &"x", &1i32];
+        if want.len() == 4 {
+            assert_eq!(want[3], Type::INT8);
+            params.push(&99i64);
+        }
+        assert_eq!(s.execute(&st, &params).await.unwrap(), 1, "{sql}");
+        let row = f
+            .admin
+            .query_one("SELECT note, n, last_epoch FROM items WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        assert_eq!(
+            (row.get::<_, String>(0), row.get::<_, i32>(1), row.get::<_, i64>(2)),
+            ("x".into(), 1, 5),
+            "{sql}"
+        );
+    }
+    // Untyped literals go to their columns' types too, in the simple protocol: straight to
+    // Postgres `'20'` becomes an integer; in a wrapping subquery it would be text (42804).
+    for (id, sql) in [
+        (20, "INSERT INTO items (id, note) (SELECT '20', 'y')"),
+        (
+            21,
+            "INSERT INTO items (id, note) WITH c AS (SELECT 1) SELECT '21', 'y' FROM c",
+        ),
+    ] {
+        s.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let e: i64 = f
+            .admin
+            .query_one("SELECT last_epoch FROM items WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(e, 5, "{sql}");
+    }
 }
 
 /// One message rewrites at most 4 MiB of statements (each costs the proxy's thread about
