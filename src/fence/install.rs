@@ -11,7 +11,7 @@ use tokio_postgres::{Client, Transaction};
 use crate::config::{Fence, Lease};
 use crate::sql::name::TableName;
 
-pub use super::report::{FenceReport, FenceStatus, InstallReport, LeaseStatus};
+pub use super::report::{EpochColumnNote, EpochColumnProblem, FenceReport, FenceStatus, InstallReport, LeaseStatus};
 
 pub use super::call::{
     GUARD_PARAM_TYPES, GUARD_SQL, REJECT_PARAM_TYPES, REJECT_SQL, guard_call, guard_params, quote_literal, reject_call,
@@ -214,9 +214,21 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
         .await?
         == 1;
     let mut missing_tables = Vec::new();
+    let mut epoch_columns = Vec::new();
     for table in &fence.tables {
-        if relation_oid(tx, table).await?.is_none() {
-            missing_tables.push(table.clone());
+        match relation_oid(tx, table).await? {
+            None => missing_tables.push(table.clone()),
+            Some(oid) => {
+                if let Some(column) = &fence.epoch_column
+                    && let Some(problem) = epoch_column_problem(tx, oid, column).await?
+                {
+                    epoch_columns.push(EpochColumnNote {
+                        table: table.clone(),
+                        column: column.clone(),
+                        problem,
+                    });
+                }
+            }
         }
     }
     let lease = match &fence.lease {
@@ -245,7 +257,32 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
         created,
         hwm,
         missing_tables,
+        epoch_columns,
         lease,
+    })
+}
+
+/// What is wrong with a rewrite table's epoch column, if anything: rewrite mode writes
+/// `bigint` epochs into it, so a missing column fails every rewritten write (42703), and
+/// one of another type fails epochs beyond its range, or its typed drivers (FENCING.md).
+async fn epoch_column_problem(
+    tx: &Transaction<'_>,
+    oid: u32,
+    column: &str,
+) -> Result<Option<EpochColumnProblem>, InstallError> {
+    let row = tx
+        .query_opt(
+            "SELECT pg_catalog.format_type(atttypid, NULL) FROM pg_catalog.pg_attribute \
+              WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+            &[&oid, &column],
+        )
+        .await?;
+    Ok(match row {
+        None => Some(EpochColumnProblem::Missing),
+        Some(row) => {
+            let found: String = row.try_get(0)?;
+            (found != "bigint").then_some(EpochColumnProblem::Type(found))
+        }
     })
 }
 

@@ -130,7 +130,7 @@ pub fn decide(access: Access<'_>, declared: Declared<'_>, names: &[String], appl
         return no_epoch(
             first,
             format!("pgfence: write to fence \"{}\" without an epoch", name(first)),
-            "Declare the lease epoch: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
+            "Declare the epoch this writer holds: SET pgfence.epoch = <epoch>, or pgfence.epoch in the connection options.",
         );
     };
     if let Some(&other) = fences.iter().find(|&&f| f != session_fence) {

@@ -42,9 +42,47 @@ pub enum FenceStatus {
         hwm: i64,
         /// Fenced tables that do not exist in this database (yet): informational.
         missing_tables: Vec<TableName>,
+        /// Rewrite mode: tables here whose epoch column is missing or not `bigint`.
+        epoch_columns: Vec<EpochColumnNote>,
         /// What happened to the lease coupling.
         lease: LeaseStatus,
     },
+}
+
+/// A rewrite-mode table whose epoch column will not take the epochs pgfence writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochColumnNote {
+    /// The fenced table.
+    pub table: TableName,
+    /// The fence's `epoch_column`.
+    pub column: String,
+    /// What is wrong with it.
+    pub problem: EpochColumnProblem,
+}
+
+/// What is wrong with an epoch column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EpochColumnProblem {
+    /// The table has no such column.
+    Missing,
+    /// The column's type, when it is not `bigint`.
+    Type(String),
+}
+
+impl fmt::Display for EpochColumnNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self { table, column, problem } = self;
+        match problem {
+            EpochColumnProblem::Missing => write!(
+                f,
+                "table {table} has no epoch column \"{column}\" (add it as bigint: rewrite-mode writes to the table fail without it)"
+            ),
+            EpochColumnProblem::Type(found) => write!(
+                f,
+                "epoch column \"{column}\" of table {table} is {found}, not bigint (epochs are bigint: make it bigint)"
+            ),
+        }
+    }
 }
 
 /// Outcome for a fence's lease coupling.
@@ -107,12 +145,16 @@ impl fmt::Display for FenceStatus {
                 created,
                 hwm,
                 missing_tables,
+                epoch_columns,
                 lease,
             } => {
                 let verb = if *created { "registered" } else { "already registered" };
                 write!(f, "{verb} (high-water mark {hwm}); {lease}")?;
                 for table in missing_tables {
                     write!(f, "; note: table {table} does not exist here yet")?;
+                }
+                for note in epoch_columns {
+                    write!(f, "; warning: {note}")?;
                 }
                 Ok(())
             }

@@ -272,3 +272,50 @@ async fn init_refuses_a_fence_of_this_database_without_its_lease_table() {
     let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &fence("")]).await;
     assert!(ok && text.contains("not in this database"), "{text}");
 }
+
+/// `init --config` looks at each rewrite table's epoch column: a missing one, or one that
+/// is not `bigint`, is named in a warning (the install still succeeds: the table may be
+/// changed after), and a `bigint` one is not.
+#[tokio::test]
+async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    cluster
+        .admin(&db)
+        .await
+        .batch_execute(
+            "CREATE TABLE no_col (id int); CREATE TABLE small (id int, last_epoch int); \
+             CREATE TABLE fine (id int, last_epoch bigint); \
+             CREATE TABLE dropped (id int, last_epoch bigint); ALTER TABLE dropped DROP COLUMN last_epoch",
+        )
+        .await
+        .unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
+    let config = write_config(
+        "[[fence]]\nname = \"f\"\nmode = \"rewrite\"\nepoch_column = \"last_epoch\"\n\
+         tables = [\"no_col\", \"small\", \"fine\", \"dropped\", \"absent\"]\n",
+    );
+    let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &config]).await;
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("warning: table public.no_col has no epoch column \"last_epoch\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("warning: table public.dropped has no epoch column \"last_epoch\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("warning: epoch column \"last_epoch\" of table public.small is integer, not bigint"),
+        "{text}"
+    );
+    assert!(!text.contains("public.fine"), "{text}");
+    assert!(
+        text.contains("note: table public.absent does not exist here yet"),
+        "{text}"
+    );
+    // Reject mode has no epoch column to look at.
+    let config = write_config("[[fence]]\nname = \"g\"\ntables = [\"no_col\"]\n");
+    let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &config]).await;
+    assert!(ok && !text.contains("warning"), "{text}");
+}

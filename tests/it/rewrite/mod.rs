@@ -126,7 +126,16 @@ async fn rewrite_refusals_pf002_pf003_pf004() {
     let f = fixture(true).await;
     let e1 = f.takeover("node-a").await;
     let none = f.session("").await;
-    assert_eq!(code(&none.execute("DELETE FROM sweep_state", &[]).await), "PF002");
+    let r = none.execute("DELETE FROM sweep_state", &[]).await;
+    assert_eq!(code(&r), "PF002");
+    let hint = r
+        .unwrap_err()
+        .as_db_error()
+        .unwrap()
+        .hint()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(hint.contains("SET pgfence.epoch = <epoch>"), "{hint}");
     assert_eq!(code(&none.batch_execute("DELETE FROM sweep_state").await), "PF002");
     assert_eq!(code(&none.batch_execute("SET pgfence.epoch = 0").await), "PF003");
     let above = f.leader(e1 + 1).await;
