@@ -18,6 +18,7 @@
 //! string. Anything unterminated runs to the end of the text, which is what
 //! Postgres does before it reports the syntax error.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// How string literals are read; mirrors the server setting of that name.
@@ -302,6 +303,36 @@ pub fn sqlparser_misreads(sql: &str, lexing: Lexing) -> bool {
         }
     }
     false
+}
+
+/// `sql` with each literal that [`sqlparser_misreads`] replaced by an empty literal of its
+/// kind (its prefix, then `''`), so that sqlparser reads the tokens Postgres reads; borrowed
+/// when there is none. The values are lost: for checking a statement's structure.
+pub fn for_sqlparser(sql: &str, lexing: Lexing) -> Cow<'_, str> {
+    let mut lexer = Lexer::new(sql, lexing);
+    let mut out = String::new();
+    let mut copied = 0;
+    while let Some(t) = lexer.next() {
+        let continued = std::mem::take(&mut lexer.continued);
+        let Some(text) = sql.get(t.span.clone()) else {
+            continue;
+        };
+        let escapes = !lexing.standard_conforming_strings && t.kind == TokenKind::String && text.contains('\\');
+        let Some(quote) = text.find('\'') else {
+            continue;
+        };
+        if continued || escapes {
+            out.push_str(&sql[copied..t.span.start]);
+            out.push_str(&text[..quote]);
+            out.push_str("''");
+            copied = t.span.end;
+        }
+    }
+    if copied == 0 {
+        return Cow::Borrowed(sql);
+    }
+    out.push_str(&sql[copied..]);
+    Cow::Owned(out)
 }
 
 /// How the body of a `'…'` literal is read, as in Postgres' lexer states.
@@ -750,6 +781,30 @@ mod tests {
         assert!(sqlparser_misreads("SELECT 'a\\b'", off));
         assert!(!sqlparser_misreads("SELECT 'a\\b'", Lexing::default()));
         assert!(!sqlparser_misreads("SELECT E'a\\b', 'c'\n, 'd' -- 'e'", off));
+    }
+
+    #[test]
+    fn for_sqlparser_empties_the_literals_it_misreads() {
+        let off = Lexing {
+            standard_conforming_strings: false,
+        };
+        let on = Lexing::default();
+        assert!(matches!(for_sqlparser("SELECT 'a', E'\\''", off), Cow::Borrowed(_)));
+        assert_eq!(for_sqlparser("SELECT 'a'\n'b', 1", on), "SELECT '', 1");
+        assert_eq!(
+            for_sqlparser("SELECT E'a'\n'\\' --'\n, x -- y\n, U&'c' -- z\n'd' UESCAPE '!'", on),
+            "SELECT E''\n, x -- y\n, U&'' UESCAPE '!'"
+        );
+        assert_eq!(for_sqlparser("SELECT 'a\\\\b', 'c'", off), "SELECT '', 'c'");
+        assert_eq!(for_sqlparser("SELECT 'a\\', 'b'", on), "SELECT 'a\\', 'b'");
+        // What is left reads as Postgres reads it.
+        for (sql, lexing) in [
+            ("UPDATE t SET a = 'x'\n'y' WHERE b = E'\\''\n'z' -- c'\n", on),
+            ("UPDATE t SET a = 'x\\' || ' WHERE b = 1 --'\n", off),
+        ] {
+            assert!(sqlparser_misreads(sql, lexing), "{sql}");
+            assert!(!sqlparser_misreads(&for_sqlparser(sql, lexing), lexing), "{sql}");
+        }
     }
 
     #[test]

@@ -163,7 +163,7 @@ fn rewrite_with_edits(
     edits.sort_by_key(|e| e.at.start);
     separate(stmt_sql, &mut edits);
     let out = apply(stmt_sql, &edits)?;
-    let verified = verify::verify(&out, target, &rw.n, &rw.col)?;
+    let verified = verify::verify(&crate::sql::lex::for_sqlparser(&out, lexing), target, &rw.n, &rw.col)?;
     if verified != rw.nodes {
         return Err(dml::shape("the rewritten statement could not be verified"));
     }

@@ -40,6 +40,11 @@ fn rewrites_are_text_edits() {
             "UPDATE sweep_state SET note = 'x', last_epoch = {N} WHERE (id = 1) AND coalesce(sweep_state.last_epoch, 0) <= {N}",
         ),
         (
+            // A literal continued over a newline is one string to Postgres (not to sqlparser).
+            "UPDATE sweep_state SET note = 'a'\n'b' WHERE id = E'1'\n  -- c\n'' AND note = 'x'",
+            "UPDATE sweep_state SET note = 'a'\n'b', last_epoch = {N} WHERE (id = E'1'\n  -- c\n'' AND note = 'x') AND coalesce(sweep_state.last_epoch, 0) <= {N}",
+        ),
+        (
             "UPDATE sweep_state SET note = $1, last_epoch = $2 WHERE id = 1 OR id = 2 RETURNING *",
             "UPDATE sweep_state SET note = $1, last_epoch = CASE WHEN false THEN $2 ELSE {N}::BIGINT END WHERE (id = 1 OR id = 2) AND coalesce(sweep_state.last_epoch, 0) <= {N} RETURNING *",
         ),

@@ -519,7 +519,8 @@ async fn guard_calls(c: &Client) -> i64 {
 /// `SET standard_conforming_strings = off` in flight, then a write whose strings end
 /// elsewhere once it is off: with it on, pgfence would put its edits where Postgres then
 /// reads a string, and the stale write would lower the row's epoch. A backslash in a
-/// rewritten write is refused (PF004) while the setting is in flight.
+/// rewritten write is refused (PF004) while the setting is in flight, and rewritten by the
+/// new rule once Postgres has answered.
 #[tokio::test]
 async fn rewrite_refuses_a_backslash_while_the_string_rules_may_change() {
     use crate::common::raw::{codes, query};
@@ -534,10 +535,19 @@ async fn rewrite_refuses_a_backslash_while_the_string_rules_may_change() {
     assert!(codes(&s.read_until(|m| m.tag == b'Z').await).is_empty());
     assert_eq!(codes(&s.read_until(|m| m.tag == b'Z').await), ["PF004"]);
     assert_eq!(f.note().await, ("b".to_owned(), 2));
-    // Sent once the answer is in, pgfence reads it with the setting off, as Postgres
-    // does; its SQL parser, which the rewrite is checked with, reads it otherwise: refused.
-    // (the notice before it is Postgres' 22P06 warning about `\'`)
-    assert_eq!(codes(&s.simple(hidden).await).last().map(String::as_str), Some("PF004"));
+    // Sent once the answer is in, pgfence reads it with the setting off, as Postgres does,
+    // and rewrites it: the client's `last_epoch = 0` goes, and the stale write changes no
+    // row. (The notice is Postgres' 22P06 warning about `\'`.)
+    let replies = s.simple(hidden).await;
+    assert_eq!(codes(&replies), ["22P06"]);
+    assert!(
+        replies
+            .iter()
+            .any(|m| m.tag == b'C' && m.body.starts_with(b"UPDATE 0\0")),
+        "{}",
+        crate::common::raw::tags(&replies)
+    );
+    assert_eq!(f.note().await, ("b".to_owned(), 2));
     // A text without a backslash is rewritten in flight too: no row of epoch 2 changes.
     let plain = "UPDATE sweep_state SET note = 'a', last_epoch = 0 WHERE id = 1 RETURNING id";
     s.send(&[query("SET standard_conforming_strings = on"), query(plain)].concat())
@@ -546,6 +556,10 @@ async fn rewrite_refuses_a_backslash_while_the_string_rules_may_change() {
     let done = s.read_until(|m| m.tag == b'Z').await;
     assert!(codes(&done).is_empty(), "{done:?}");
     assert_eq!(f.note().await, ("b".to_owned(), 2));
+    // The current epoch's write lands, with its epoch and not the one hidden in the text.
+    b.batch_execute("SET standard_conforming_strings = off").await.unwrap();
+    b.batch_execute(hidden).await.unwrap();
+    assert_eq!(f.note().await, ("a' || ".to_owned(), 2));
     // Control: the same text straight to Postgres lowers the row's epoch.
     let mut d = f.raw(f.cluster.port(), "1", &[]).await;
     d.send(&[set_off, query(hidden)].concat()).await;
@@ -570,6 +584,24 @@ async fn rewrite_of_compact_sql_runs() {
         a.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
     assert_eq!(f.note().await, ("y".to_owned(), 5));
+}
+
+/// A string literal continued over a newline (`'a'` newline `'b'` is `'ab'` to Postgres) in
+/// a rewritten write runs as it does straight to Postgres, in both protocols, and a stale
+/// one still touches no row.
+#[tokio::test]
+async fn rewrite_of_a_continued_string_literal_runs() {
+    let f = fixture(false).await;
+    let a = f.leader(5).await;
+    let sql = "UPDATE sweep_state SET note = 'a'\n'b' WHERE id = 1 AND note <> E'x'\n  -- c\n'y'";
+    a.batch_execute(sql).await.unwrap_or_else(|e| panic!("simple: {e}"));
+    assert_eq!(f.note().await, ("ab".to_owned(), 5));
+    let b = f.leader(6).await;
+    let prepared = "UPDATE sweep_state SET note = $1 || 'c'\n'd' WHERE id = 1";
+    assert_eq!(b.execute(prepared, &[&"x"]).await.unwrap(), 1);
+    assert_eq!(f.note().await, ("xcd".to_owned(), 6));
+    assert_eq!(a.execute(sql, &[]).await.unwrap(), 0, "stale, extended protocol");
+    assert_eq!(f.note().await, ("xcd".to_owned(), 6));
 }
 
 /// An INSERT whose query is not a plain SELECT is wrapped to add the epoch, and Postgres
