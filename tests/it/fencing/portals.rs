@@ -1258,3 +1258,48 @@ async fn a_branching_chain_is_decided_in_bounded_time() {
     }
     assert_eq!(f.note().await.0, "init");
 }
+
+/// A transaction fetches a `… RETURNING` write's portal a row at a time. Its first fetch ran
+/// the write at the current epoch; a `SET LOCAL` to the same epoch leaves the next fetch
+/// alone, while one to a stale epoch makes the next fetch run the guard again: PF001, and
+/// the transaction commits nothing. Control: straight to Postgres the fetches return the
+/// rows and the write commits.
+#[tokio::test]
+async fn a_new_epoch_is_checked_at_the_next_fetch_of_a_write_portal() {
+    let f = Fixture::at_epoch_two().await;
+    f.admin
+        .batch_execute("INSERT INTO sweep_state VALUES (2, 'init', 0), (3, 'init', 0)")
+        .await
+        .unwrap();
+    let notes = async || -> Vec<String> {
+        f.admin
+            .query("SELECT note FROM sweep_state ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let sql = "UPDATE sweep_state SET note = 'p' RETURNING id";
+    let mut through = f.leader(2).await;
+    let mut direct = f.direct().await;
+    for (client, proxied) in [(&mut through, true), (&mut direct, false)] {
+        let tx = client.transaction().await.unwrap();
+        let portal = tx.bind(sql, &[]).await.unwrap();
+        assert_eq!(tx.query_portal(&portal, 1).await.unwrap().len(), 1);
+        tx.batch_execute("SET LOCAL pgfence.epoch = 2").await.unwrap();
+        assert_eq!(tx.query_portal(&portal, 1).await.unwrap().len(), 1);
+        tx.batch_execute("SET LOCAL pgfence.epoch = 1").await.unwrap();
+        let last = tx.query_portal(&portal, 1).await;
+        if proxied {
+            assert_eq!(super::code(&last), "PF001");
+            // COMMIT of the aborted transaction answers ROLLBACK.
+            tx.commit().await.unwrap();
+            assert_eq!(notes().await, ["init", "init", "init"]);
+        } else {
+            assert_eq!(last.unwrap().len(), 1, "control");
+            tx.commit().await.unwrap();
+            assert_eq!(notes().await, ["p", "p", "p"], "control");
+        }
+    }
+}
