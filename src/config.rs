@@ -230,6 +230,12 @@ impl RawConfig {
                 "upstream = {upstream:?}: port 0 is not a port Postgres listens on"
             )));
         }
+        if listen.eq_ignore_ascii_case(&upstream) {
+            return Err(invalid(format!(
+                "upstream = {upstream:?} is pgfence's own listen address: each session would connect to pgfence \
+                 again until max_client_conn is used up; point upstream at Postgres"
+            )));
+        }
         let max_client_conn = self.max_client_conn.unwrap_or(1000);
         if max_client_conn == 0 {
             return Err(invalid("max_client_conn must be at least 1".into()));
@@ -485,6 +491,10 @@ mod tests {
                 "longer than 63 bytes",
             ),
             ("upstream = \"127.0.0.1:0\"", "port 0"),
+            (
+                "listen = \"127.0.0.1:7000\"\nupstream = \"127.0.0.1:7000\"",
+                "is pgfence's own listen address",
+            ),
             (
                 "[[fence]]\nname = \"a\"\ntables = [\"t\", \"leader_lease\"]\n[fence.lease]\ntable = \"public.leader_lease\"",
                 "lease table public.leader_lease is also a fenced table (of fence \"a\")",
