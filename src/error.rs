@@ -29,6 +29,8 @@ pub mod sqlstate {
     pub const CANNOT_CONNECT: &str = "08001";
     /// too_many_connections.
     pub const TOO_MANY_CONNECTIONS: &str = "53300";
+    /// insufficient_resources: pgfence is out of file descriptors.
+    pub const INSUFFICIENT_RESOURCES: &str = "53000";
     /// admin_shutdown.
     pub const ADMIN_SHUTDOWN: &str = "57P01";
     /// feature_not_supported.
@@ -68,6 +70,9 @@ pub enum ProxyError {
     /// The connection limit is reached.
     #[error("pgfence: sorry, too many clients already")]
     TooManyConnections,
+    /// No file descriptor was left for the connection to the upstream.
+    #[error("pgfence: out of file descriptors: cannot open a connection to the upstream server")]
+    OutOfFiles,
     /// pgfence is shutting down.
     #[error("pgfence: terminating connection due to administrator command")]
     Shutdown,
@@ -87,6 +92,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => (sqlstate::CANNOT_CONNECT, Severity::Fatal),
             ProxyError::UpstreamLost => (sqlstate::CONNECTION_FAILURE, Severity::Fatal),
             ProxyError::TooManyConnections => (sqlstate::TOO_MANY_CONNECTIONS, Severity::Fatal),
+            ProxyError::OutOfFiles => (sqlstate::INSUFFICIENT_RESOURCES, Severity::Fatal),
             ProxyError::Shutdown => (sqlstate::ADMIN_SHUTDOWN, Severity::Fatal),
             ProxyError::InvalidStartupEpoch(_) => (sqlstate::INVALID_EPOCH, Severity::Fatal),
             ProxyError::Unsupported(_) => (sqlstate::FEATURE_NOT_SUPPORTED, Severity::Fatal),
@@ -100,6 +106,9 @@ impl ProxyError {
             }
             ProxyError::UpstreamUnreachable(_) => {
                 Some("Check that the upstream Postgres in pgfence's config is running.")
+            }
+            ProxyError::OutOfFiles => {
+                Some("Raise pgfence's open-file limit (ulimit -n, LimitNOFILE=), or lower max_client_conn.")
             }
             ProxyError::Protocol(_)
             | ProxyError::UpstreamLost
@@ -115,5 +124,37 @@ impl ProxyError {
         let mut out = BytesMut::new();
         codec::error_response(&mut out, severity.as_str(), code, &self.to_string(), self.hint());
         out
+    }
+}
+
+/// The error for a failed connection to the upstream: out of file descriptors is pgfence's
+/// own limit, not the upstream's absence, and says so.
+pub fn upstream_connect_error(e: &std::io::Error) -> ProxyError {
+    let out_of_files = [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE]
+        .iter()
+        .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()));
+    if out_of_files {
+        ProxyError::OutOfFiles
+    } else {
+        // The error itself, not its kind: "uncategorized error" says nothing of an unknown
+        // host name.
+        ProxyError::UpstreamUnreachable(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_out_of_files_is_told_apart_from_an_unreachable_upstream() {
+        let emfile = std::io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error());
+        let err = upstream_connect_error(&emfile);
+        assert_eq!(err.code(), ("53000", Severity::Fatal));
+        assert!(err.hint().unwrap().contains("open-file limit"));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let err = upstream_connect_error(&refused);
+        assert_eq!(err.code(), ("08001", Severity::Fatal));
+        assert!(err.to_string().contains("refused"), "{err}");
     }
 }

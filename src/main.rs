@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use pgfence::config::{Config, RawConfig};
 use pgfence::server::{Server, Shutdown};
+use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -148,6 +149,25 @@ fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
+    match pgfence::server::fit_open_files(config.max_client_conn) {
+        Some(files) if files.now < files.needed => warn!(
+            soft = files.now,
+            hard = files.hard,
+            "open-file limit allows about {} client connections, below max_client_conn = {}; \
+             raise the hard limit (ulimit -Hn, LimitNOFILE=) to at least {}",
+            files.sessions(),
+            config.max_client_conn,
+            files.needed
+        ),
+        Some(files) if files.now != files.was => {
+            info!(
+                from = files.was,
+                to = files.now,
+                "raised the open-file limit for max_client_conn"
+            );
+        }
+        _ => {}
+    }
     let server = Server::bind(config.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -213,6 +213,53 @@ fn constant_time_eq(a: i32, b: i32) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Descriptors a running server needs besides its sessions: the listener, the log, the
+/// runtime's own, cancel requests and refusals in flight.
+const SPARE_FDS: u64 = 64;
+
+/// The open-file limit after [`fit_open_files`], for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFiles {
+    /// The soft limit found at start.
+    pub was: u64,
+    /// The soft limit now.
+    pub now: u64,
+    /// The hard limit, which only root can raise.
+    pub hard: u64,
+    /// What `max_client_conn` sessions need: two descriptors each (client and upstream) and
+    /// [`SPARE_FDS`].
+    pub needed: u64,
+}
+
+impl OpenFiles {
+    /// How many sessions fit in the limit now.
+    pub fn sessions(&self) -> u64 {
+        self.now.saturating_sub(SPARE_FDS) / 2
+    }
+}
+
+/// Raises the soft open-file limit, up to the hard one, so that `max_client_conn` sessions
+/// fit (a common default of 1024 holds about 480). Past the limit `accept` fails and a
+/// client waits unanswered rather than get `53300`, so the caller warns when they still do
+/// not fit. `None` where the limits cannot be read.
+pub fn fit_open_files(max_client_conn: usize) -> Option<OpenFiles> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let was = limit.current?;
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    let needed = (max_client_conn as u64).saturating_mul(2).saturating_add(SPARE_FDS);
+    let mut now = was;
+    if was < needed {
+        let want = needed.min(hard);
+        let mut raised = limit;
+        raised.current = Some(want);
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            now = want;
+        }
+    }
+    Some(OpenFiles { was, now, hard, needed })
+}
+
 /// A bound, not yet running server.
 pub struct Server {
     listener: TcpListener,
@@ -238,6 +285,7 @@ impl Server {
         let limit = Arc::new(Semaphore::new(self.config.max_client_conn));
         let tracker = TaskTracker::new();
         let mut next_id: u64 = 0;
+        let mut accept_errors: Option<Instant> = None;
         info!(listen = %self.config.listen, upstream = %self.config.upstream, fences = self.config.fences.len(), "pgfence serving");
         loop {
             let accepted = tokio::select! {
@@ -250,8 +298,12 @@ impl Server {
             let (stream, peer) = match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    error!(error = %e, "accept failed");
+                    // EMFILE and friends: back off instead of spinning, and say so once a
+                    // second, not at every try.
+                    if accept_errors.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
+                        error!(error = %e, "accept failed; a client waits unanswered (see the open-file limit at start)");
+                        accept_errors = Some(Instant::now());
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

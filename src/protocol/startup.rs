@@ -69,6 +69,24 @@ pub enum StartupError {
     /// A message during authentication longer than any such message can be.
     #[error("invalid length of authentication message")]
     BadAuthLength,
+    /// The upstream server broke off or broke the protocol during startup: not the
+    /// client's fault, so it is told the server could not be reached.
+    #[error("{0}")]
+    Upstream(String),
+}
+
+impl StartupError {
+    /// This error, met on the upstream side of the startup.
+    pub fn upstream(self) -> StartupError {
+        match self {
+            StartupError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                StartupError::Upstream("the server closed the connection during startup".into())
+            }
+            StartupError::Io(e) => StartupError::Upstream(format!("the connection failed during startup: {e}")),
+            StartupError::Upstream(reason) => StartupError::Upstream(reason),
+            _ => StartupError::Upstream("the server sent an invalid message during startup".into()),
+        }
+    }
 }
 
 /// Reads one startup-phase packet. Cancel safe: no (it reads in several steps).

@@ -121,6 +121,10 @@ fn report(e: &StartupError) -> Option<ProxyError> {
             Some(ProxyError::Protocol(e.to_string()))
         }
         StartupError::UnsupportedProtocol(..) => Some(ProxyError::Unsupported(e.to_string())),
+        StartupError::Upstream(reason) => {
+            info!(%reason, "upstream failed during startup");
+            Some(ProxyError::UpstreamUnreachable(reason.clone()))
+        }
     }
 }
 
@@ -243,9 +247,7 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
             super::tune(&s);
             Ok(s)
         }
-        // The error itself, not its kind: "uncategorized error" says nothing of an unknown
-        // host name or a file descriptor limit.
-        Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(e.to_string())),
+        Ok(Err(e)) => Err(crate::error::upstream_connect_error(&e)),
         Err(_) => Err(ProxyError::UpstreamUnreachable("timed out".into())),
     }
 }
@@ -271,25 +273,31 @@ async fn relay_auth(
         return Ok(None);
     };
     let mut next = Some(first);
+    // What the upstream sends or fails to take is its fault, not the client's.
+    let malformed = || StartupError::Malformed.upstream();
     loop {
         let (tag, msg) = match next.take() {
-            Some(m) => m?,
-            None => read_message(upstream).await?,
-        };
+            Some(m) => m,
+            None => read_message(upstream).await,
+        }
+        .map_err(StartupError::upstream)?;
         match tag {
             b'R' => {
+                let code = Body::new(&msg[HEADER_LEN..]).i32().ok_or_else(malformed)?;
                 client.write_all(&msg).await?;
-                let code = Body::new(&msg[HEADER_LEN..]).i32().ok_or(StartupError::Malformed)?;
                 // 0 = ok, 12 = SASL final: no answer expected. Every other request waits for the client.
                 if !matches!(code, 0 | 12) {
                     let (_, answer) = read_message(client).await?;
-                    upstream.write_all(&answer).await?;
+                    upstream
+                        .write_all(&answer)
+                        .await
+                        .map_err(|e| StartupError::from(e).upstream())?;
                 }
             }
             b'K' => {
                 let mut body = Body::new(&msg[HEADER_LEN..]);
-                let pid = body.i32().ok_or(StartupError::Malformed)?;
-                let secret = body.i32().ok_or(StartupError::Malformed)?;
+                let pid = body.i32().ok_or_else(malformed)?;
+                let secret = body.i32().ok_or_else(malformed)?;
                 let guard = ctx.register_cancel(UpstreamKey { pid, secret });
                 let mut out = BytesMut::new();
                 codec::backend_key_data(&mut out, guard.pid(), guard.secret());

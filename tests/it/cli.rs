@@ -319,3 +319,37 @@ async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
     let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &config]).await;
     assert!(ok && !text.contains("warning"), "{text}");
 }
+
+/// `serve` raises the soft open-file limit so that `max_client_conn` sessions fit (two
+/// descriptors each, and some to spare), up to the hard limit, and says so; where the hard
+/// limit is too low it warns at start with the number of sessions that fit.
+#[test]
+fn serve_fits_the_open_file_limit_to_max_client_conn() {
+    use crate::common::free_port;
+    use crate::common::proxy::{ProxyProcess, proxy_toml};
+    let soft_limit = |p: &ProxyProcess| -> u64 {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", p.pid())).unwrap();
+        let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+        line.split_whitespace().nth(3).unwrap().parse().unwrap()
+    };
+    let config = proxy_toml(free_port(), free_port(), "max_client_conn = 300");
+    let raised = ProxyProcess::start_with_ulimit(&config, "ulimit -S -n 100");
+    assert_eq!(soft_limit(&raised), 2 * 300 + 64, "{}", raised.log());
+    assert!(raised.log().contains("raised the open-file limit"), "{}", raised.log());
+    assert!(!raised.log().contains("WARN"), "{}", raised.log());
+    let config = proxy_toml(free_port(), free_port(), "max_client_conn = 300");
+    let capped = ProxyProcess::start_with_ulimit(&config, "ulimit -S -n 100 && ulimit -H -n 200");
+    assert_eq!(soft_limit(&capped), 200, "{}", capped.log());
+    assert!(
+        capped
+            .log()
+            .contains("open-file limit allows about 68 client connections, below max_client_conn = 300"),
+        "{}",
+        capped.log()
+    );
+    // Enough already: nothing changes, nothing is said.
+    let config = proxy_toml(free_port(), free_port(), "max_client_conn = 10");
+    let fits = ProxyProcess::start_with_ulimit(&config, "ulimit -S -n 100");
+    assert_eq!(soft_limit(&fits), 100);
+    assert!(!fits.log().contains("open-file limit"), "{}", fits.log());
+}

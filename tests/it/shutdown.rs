@@ -93,6 +93,12 @@ async fn sigint_closes_everything_within_a_second() {
 /// A stand-in upstream on a free port: reads each connection's startup packet, writes
 /// `answer` (nothing: a hung server) and then holds the connection open without a word.
 async fn silent_upstream(answer: &'static [u8]) -> u16 {
+    upstream_at_startup(answer, true).await
+}
+
+/// [`silent_upstream`], or with `hold` false one that closes each connection after its
+/// answer.
+async fn upstream_at_startup(answer: &'static [u8], hold: bool) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -107,7 +113,7 @@ async fn silent_upstream(answer: &'static [u8]) -> u16 {
                 let _ = s.write_all(answer).await;
                 // Hold the connection until the peer closes it.
                 let mut sink = [0u8; 256];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                while hold && matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
             });
         }
     });
@@ -218,6 +224,42 @@ async fn an_upstream_that_accepts_but_never_answers_is_unreachable() {
     .expect("a silent upstream must not give a session");
     assert_eq!(err.code().map(|c| c.code()), Some("08001"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+/// An upstream that breaks off or breaks the protocol while the client logs in is the
+/// server's fault: the client gets FATAL 08001 saying so, not a bare close or a protocol
+/// violation of its own (08P01).
+#[tokio::test]
+async fn an_upstream_failing_during_startup_is_reported_as_unreachable() {
+    for (answer, hold, says) in [
+        (&b""[..], false, "closed the connection during startup"),
+        (ASK_PASSWORD, false, "closed the connection during startup"),
+        (b"R\0\0\0\x08\0\0", false, "closed the connection during startup"),
+        (
+            b"R\x7f\xff\xff\xffgarbage",
+            true,
+            "sent an invalid message during startup",
+        ),
+        (b"R\0\0\0\x04", true, "sent an invalid message during startup"),
+    ] {
+        let upstream = upstream_at_startup(answer, hold).await;
+        let proxy = ProxyProcess::start_for(upstream, "connect_timeout = 2");
+        let err = tokio_postgres::connect(
+            &format!(
+                "host=127.0.0.1 port={} user=postgres password=x dbname=x connect_timeout=30",
+                proxy.port()
+            ),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .err()
+        .expect("a failing upstream gives no session");
+        let db = err
+            .as_db_error()
+            .unwrap_or_else(|| panic!("{answer:?}: no FATAL but {err}"));
+        assert_eq!(db.code().code(), "08001", "{answer:?}: {db:?}");
+        assert!(db.message().contains(says), "{answer:?}: {db:?}");
+    }
 }
 
 /// A stand-in upstream that logs the client in, answers its first message with `answer`,

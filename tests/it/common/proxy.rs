@@ -44,12 +44,30 @@ impl ProxyProcess {
     /// If the config has no `listen = "host:port"` line, or the proxy exits or does not listen
     /// within [`START_TIMEOUT`] (the panic message carries its log).
     pub fn start(config_toml: &str) -> ProxyProcess {
+        Self::start_under(config_toml, None)
+    }
+
+    /// [`Self::start`] from a shell that first runs `ulimits` (e.g. `ulimit -S -n 100`).
+    pub fn start_with_ulimit(config_toml: &str, ulimits: &str) -> ProxyProcess {
+        Self::start_under(config_toml, Some(ulimits))
+    }
+
+    fn start_under(config_toml: &str, ulimits: Option<&str>) -> ProxyProcess {
         let addr = listen_addr(config_toml);
         let dir = unique_temp_dir("pgfence-proxy");
         let config = dir.join("pgfence.toml");
         fs::write(&config, config_toml).expect("write proxy config");
         let log = File::create(dir.join("proxy.log")).expect("create proxy.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        let bin = env!("CARGO_BIN_EXE_pgfence");
+        let mut command = match ulimits {
+            None => Command::new(bin),
+            Some(ulimits) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", &format!("{ulimits} && exec \"$0\" \"$@\""), bin]);
+                sh
+            }
+        };
+        let child = command
             .args(["serve", "--config"])
             .arg(&config)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
