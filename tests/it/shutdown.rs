@@ -207,21 +207,24 @@ async fn sighup_is_ignored_and_sessions_carry_on() {
     assert!(proxy.log().contains("SIGHUP ignored"), "{}", proxy.log());
 }
 
+/// A login through `proxy` that must fail; its error.
+async fn login_refused(proxy: &ProxyProcess) -> tokio_postgres::Error {
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres password=x dbname=x connect_timeout=30",
+        proxy.port()
+    );
+    tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .err()
+        .expect("a failing upstream gives no session")
+}
+
 #[tokio::test]
 async fn an_upstream_that_accepts_but_never_answers_is_unreachable() {
     let upstream = silent_upstream(b"").await;
     let proxy = ProxyProcess::start_for(upstream, "connect_timeout = 1");
     let started = Instant::now();
-    let err = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=x connect_timeout=30",
-            proxy.port()
-        ),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .err()
-    .expect("a silent upstream must not give a session");
+    let err = login_refused(&proxy).await;
     assert_eq!(err.code().map(|c| c.code()), Some("08001"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
@@ -244,16 +247,7 @@ async fn an_upstream_failing_during_startup_is_reported_as_unreachable() {
     ] {
         let upstream = upstream_at_startup(answer, hold).await;
         let proxy = ProxyProcess::start_for(upstream, "connect_timeout = 2");
-        let err = tokio_postgres::connect(
-            &format!(
-                "host=127.0.0.1 port={} user=postgres password=x dbname=x connect_timeout=30",
-                proxy.port()
-            ),
-            tokio_postgres::NoTls,
-        )
-        .await
-        .err()
-        .expect("a failing upstream gives no session");
+        let err = login_refused(&proxy).await;
         let db = err
             .as_db_error()
             .unwrap_or_else(|| panic!("{answer:?}: no FATAL but {err}"));
