@@ -127,13 +127,17 @@ impl ProxyError {
     }
 }
 
+/// Whether `e` says the process (EMFILE) or the system (ENFILE) is out of file descriptors.
+pub fn out_of_files(e: &std::io::Error) -> bool {
+    [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE]
+        .iter()
+        .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()))
+}
+
 /// The error for a failed connection to the upstream: out of file descriptors is pgfence's
 /// own limit, not the upstream's absence, and says so.
 pub fn upstream_connect_error(e: &std::io::Error) -> ProxyError {
-    let out_of_files = [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE]
-        .iter()
-        .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()));
-    if out_of_files {
+    if out_of_files(e) {
         ProxyError::OutOfFiles
     } else {
         // The error itself, not its kind: "uncategorized error" says nothing of an unknown

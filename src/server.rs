@@ -241,7 +241,7 @@ impl OpenFiles {
 /// Raises the soft open-file limit, up to the hard one, so that `max_client_conn` sessions
 /// fit (a common default of 1024 holds about 480). Past the limit `accept` fails and a
 /// client waits unanswered rather than get `53300`, so the caller warns when they still do
-/// not fit. `None` where the limits cannot be read.
+/// not fit. `None` where the soft limit is already unlimited.
 pub fn fit_open_files(max_client_conn: usize) -> Option<OpenFiles> {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
@@ -253,8 +253,9 @@ pub fn fit_open_files(max_client_conn: usize) -> Option<OpenFiles> {
         let want = needed.min(hard);
         let mut raised = limit;
         raised.current = Some(want);
-        if setrlimit(Resource::Nofile, raised).is_ok() {
-            now = want;
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => now = want,
+            Err(e) => warn!(error = %e, from = was, to = want, "could not raise the open-file limit"),
         }
     }
     Some(OpenFiles { was, now, hard, needed })
@@ -301,7 +302,11 @@ impl Server {
                     // EMFILE and friends: back off instead of spinning, and say so once a
                     // second, not at every try.
                     if accept_errors.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
-                        error!(error = %e, "accept failed; a client waits unanswered (see the open-file limit at start)");
+                        if crate::error::out_of_files(&e) {
+                            error!(error = %e, "accept failed: a client waits unanswered (see the open-file limit at start)");
+                        } else {
+                            error!(error = %e, "accept failed");
+                        }
                         accept_errors = Some(Instant::now());
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -8,7 +8,7 @@
 
 use tokio_postgres::{Client, Transaction};
 
-use crate::config::{Fence, Lease};
+use crate::config::{Fence, Lease, Mode};
 use crate::sql::name::TableName;
 
 pub use super::report::{EpochColumnNote, EpochColumnProblem, FenceReport, FenceStatus, InstallReport, LeaseStatus};
@@ -219,7 +219,8 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
         match relation_oid(tx, table).await? {
             None => missing_tables.push(table.clone()),
             Some(oid) => {
-                if let Some(column) = &fence.epoch_column
+                if fence.mode == Mode::Rewrite
+                    && let Some(column) = &fence.epoch_column
                     && let Some(problem) = epoch_column_problem(tx, oid, column).await?
                 {
                     epoch_columns.push(EpochColumnNote {

@@ -29,8 +29,10 @@ use crate::sql::lex::truncate_ident;
 
 /// Postgres' `authentication_timeout` default.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
-/// Largest message accepted during authentication (SASL and GSS tokens are small).
-const AUTH_MESSAGE_MAX: usize = 64 * 1024;
+/// Largest message body accepted during authentication: Postgres' own limit for the
+/// client's answers (`PG_MAX_AUTH_TOKEN_LENGTH`, 65535 bytes with the length word), past
+/// which it closes without a word.
+const AUTH_MESSAGE_MAX: usize = 65535 - 4;
 
 /// A session past startup, ready to relay.
 pub struct Established {
@@ -196,7 +198,10 @@ async fn establish_inner(
             return Ok(None);
         }
     };
-    upstream.write_all(&startup.encode_for_upstream()).await?;
+    upstream
+        .write_all(&startup.encode_for_upstream())
+        .await
+        .map_err(|e| StartupError::from(e).upstream())?;
     let Some(key) = relay_auth(client, &mut upstream, ctx).await? else {
         return Ok(None);
     };
@@ -273,14 +278,22 @@ async fn relay_auth(
         return Ok(None);
     };
     let mut next = Some(first);
-    // What the upstream sends or fails to take is its fault, not the client's.
+    // What the upstream sends or fails to take is its fault, not the client's; but Postgres
+    // closes without a word on an answer of the client's it cannot read, and so does pgfence.
     let malformed = || StartupError::Malformed.upstream();
+    let mut answered = false;
     loop {
-        let (tag, msg) = match next.take() {
+        let read = match next.take() {
             Some(m) => m,
             None => read_message(upstream).await,
-        }
-        .map_err(StartupError::upstream)?;
+        };
+        let (tag, msg) = match read {
+            Err(StartupError::Io(e)) if answered && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(StartupError::Io(e));
+            }
+            other => other.map_err(StartupError::upstream)?,
+        };
+        answered = false;
         match tag {
             b'R' => {
                 let code = Body::new(&msg[HEADER_LEN..]).i32().ok_or_else(malformed)?;
@@ -292,6 +305,7 @@ async fn relay_auth(
                         .write_all(&answer)
                         .await
                         .map_err(|e| StartupError::from(e).upstream())?;
+                    answered = true;
                 }
             }
             b'K' => {

@@ -293,40 +293,37 @@ pub fn truncate_ident(s: &mut String) {
 /// `standard_conforming_strings` off, a plain string with a backslash (an
 /// escape to Postgres, a literal backslash to sqlparser).
 pub fn sqlparser_misreads(sql: &str, lexing: Lexing) -> bool {
+    misread_literals(sql, lexing).next().is_some()
+}
+
+/// The literals of `sql` that [`sqlparser_misreads`], in order.
+fn misread_literals(sql: &str, lexing: Lexing) -> impl Iterator<Item = Token> + '_ {
     let mut lexer = Lexer::new(sql, lexing);
-    while let Some(t) = lexer.next() {
+    std::iter::from_fn(move || {
+        let t = lexer.next()?;
+        Some((t, std::mem::take(&mut lexer.continued)))
+    })
+    .filter_map(move |(t, continued)| {
         let escapes = !lexing.standard_conforming_strings
             && t.kind == TokenKind::String
-            && sql.get(t.span).is_some_and(|s| s.contains('\\'));
-        if escapes || lexer.continued {
-            return true;
-        }
-    }
-    false
+            && sql.get(t.span.clone()).is_some_and(|s| s.contains('\\'));
+        (continued || escapes).then_some(t)
+    })
 }
 
 /// `sql` with each literal that [`sqlparser_misreads`] replaced by an empty literal of its
 /// kind (its prefix, then `''`), so that sqlparser reads the tokens Postgres reads; borrowed
 /// when there is none. The values are lost: for checking a statement's structure.
 pub fn for_sqlparser(sql: &str, lexing: Lexing) -> Cow<'_, str> {
-    let mut lexer = Lexer::new(sql, lexing);
     let mut out = String::new();
     let mut copied = 0;
-    while let Some(t) = lexer.next() {
-        let continued = std::mem::take(&mut lexer.continued);
-        let Some(text) = sql.get(t.span.clone()) else {
-            continue;
-        };
-        let escapes = !lexing.standard_conforming_strings && t.kind == TokenKind::String && text.contains('\\');
-        let Some(quote) = text.find('\'') else {
-            continue;
-        };
-        if continued || escapes {
-            out.push_str(&sql[copied..t.span.start]);
-            out.push_str(&text[..quote]);
-            out.push_str("''");
-            copied = t.span.end;
-        }
+    for t in misread_literals(sql, lexing) {
+        let text = &sql[t.span.clone()];
+        let prefix = text.find('\'').map_or("", |quote| &text[..quote]);
+        out.push_str(&sql[copied..t.span.start]);
+        out.push_str(prefix);
+        out.push_str("''");
+        copied = t.span.end;
     }
     if copied == 0 {
         return Cow::Borrowed(sql);

@@ -52,3 +52,41 @@ async fn every_auth_method_passes_through() {
         }
     }
 }
+
+/// A client's password message is read up to Postgres' own limit (65535 bytes with the
+/// length word): at the limit it reaches Postgres, which refuses the password (28P01); one
+/// byte past it pgfence refuses it itself (08P01), where Postgres would close without a word.
+/// Neither is blamed on the upstream.
+#[tokio::test]
+async fn a_password_message_is_read_up_to_postgres_limit() {
+    use crate::common::raw::{Raw, codes, message, startup_packet};
+    let cluster: &'static Cluster = Box::leak(Box::new(Cluster::start()));
+    let admin = cluster.admin("postgres").await;
+    admin
+        .batch_execute("CREATE ROLE pwuser LOGIN PASSWORD 'pwsecret'")
+        .await
+        .unwrap();
+    cluster
+        .set_hba_and_reload(&[
+            "host all pwuser 127.0.0.1/32 password",
+            "host all postgres 127.0.0.1/32 trust",
+        ])
+        .await;
+    let proxy = Proxy::start(cluster.port(), "").await;
+    for (body, code) in [(65531usize, "28P01"), (65532, "08P01")] {
+        let mut raw = Raw::connect(proxy.port()).await;
+        raw.send(&startup_packet(&[("user", "pwuser"), ("database", "postgres")]))
+            .await;
+        let asked = raw.read_until(|m| m.tag == b'R').await;
+        assert_eq!(
+            asked.last().map(|m| (m.tag, m.body.clone())),
+            Some((b'R', vec![0, 0, 0, 3]))
+        );
+        let mut password = vec![b'x'; body - 1];
+        password.push(0);
+        raw.send(&message(b'p', &password)).await;
+        let replies = raw.read_until(|m| m.tag == b'E').await;
+        assert_eq!(codes(&replies), [code], "a body of {body} bytes");
+        assert!(raw.closed().await, "a body of {body} bytes: not closed");
+    }
+}

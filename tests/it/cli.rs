@@ -314,8 +314,8 @@ async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
         text.contains("note: table public.absent does not exist here yet"),
         "{text}"
     );
-    // Reject mode has no epoch column to look at.
-    let config = write_config("[[fence]]\nname = \"g\"\ntables = [\"no_col\"]\n");
+    // Reject mode has no epoch column to look at, even with one configured (ignored).
+    let config = write_config("[[fence]]\nname = \"g\"\ntables = [\"no_col\"]\nepoch_column = \"last_epoch\"\n");
     let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &config]).await;
     assert!(ok && !text.contains("warning"), "{text}");
 }
