@@ -273,8 +273,10 @@ async fn epoch_column_problem(
 ) -> Result<Option<EpochColumnProblem>, InstallError> {
     let row = tx
         .query_opt(
-            "SELECT pg_catalog.format_type(atttypid, NULL) FROM pg_catalog.pg_attribute \
-              WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+            // A domain is read as its base type: a domain over bigint takes bigint epochs.
+            "SELECT pg_catalog.format_type(CASE t.typtype WHEN 'd' THEN t.typbasetype ELSE t.oid END, NULL) \
+               FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+              WHERE a.attrelid = $1 AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
             &[&oid, &column],
         )
         .await?;

@@ -275,7 +275,7 @@ async fn init_refuses_a_fence_of_this_database_without_its_lease_table() {
 
 /// `init --config` looks at each rewrite table's epoch column: a missing one, or one that
 /// is not `bigint`, is named in a warning (the install still succeeds: the table may be
-/// changed after), and a `bigint` one is not.
+/// changed after), and a `bigint` one (or a domain over `bigint`) is not.
 #[tokio::test]
 async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
     let cluster = Cluster::shared();
@@ -285,7 +285,8 @@ async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
         .await
         .batch_execute(
             "CREATE TABLE no_col (id int); CREATE TABLE small (id int, last_epoch int); \
-             CREATE TABLE fine (id int, last_epoch bigint); \
+             CREATE TABLE fine (id int, last_epoch bigint); CREATE DOMAIN big AS bigint; \
+             CREATE TABLE fine_domain (id int, last_epoch big); \
              CREATE TABLE dropped (id int, last_epoch bigint); ALTER TABLE dropped DROP COLUMN last_epoch",
         )
         .await
@@ -293,7 +294,7 @@ async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
     let url = format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
     let config = write_config(
         "[[fence]]\nname = \"f\"\nmode = \"rewrite\"\nepoch_column = \"last_epoch\"\n\
-         tables = [\"no_col\", \"small\", \"fine\", \"dropped\", \"absent\"]\n",
+         tables = [\"no_col\", \"small\", \"fine\", \"fine_domain\", \"dropped\", \"absent\"]\n",
     );
     let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &config]).await;
     assert!(ok, "{text}");
@@ -310,6 +311,7 @@ async fn init_warns_of_an_epoch_column_missing_or_not_bigint() {
         "{text}"
     );
     assert!(!text.contains("public.fine"), "{text}");
+    assert!(!text.contains("public.fine_domain"), "a domain over bigint: {text}");
     assert!(
         text.contains("note: table public.absent does not exist here yet"),
         "{text}"
