@@ -265,7 +265,7 @@ async fn register_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<FenceStat
 
 /// What is wrong with a rewrite table's epoch column, if anything: rewrite mode writes
 /// `bigint` epochs into it, so a missing column fails every rewritten write (42703), and
-/// one of another type fails epochs beyond its range, or its typed drivers (FENCING.md).
+/// one of another type fails epochs beyond its range (FENCING.md).
 async fn epoch_column_problem(
     tx: &Transaction<'_>,
     oid: u32,

@@ -101,6 +101,17 @@ impl<'a> Body<'a> {
     }
 }
 
+/// The type OIDs of a ParameterDescription body (`None` when it is malformed).
+pub fn parameter_types(body: &[u8]) -> Option<Vec<u32>> {
+    let mut r = Body::new(body);
+    // Up to 65 535 parameters: the count is unsigned, though the protocol calls it Int16.
+    let count = usize::from(r.i16()? as u16);
+    let types = (0..count)
+        .map(|_| r.i32().map(|t| t as u32))
+        .collect::<Option<Vec<_>>>()?;
+    r.rest().is_empty().then_some(types)
+}
+
 /// Reads the SQLSTATE (`C` field) of an ErrorResponse or NoticeResponse body.
 pub fn error_code(body: &[u8]) -> Option<&[u8]> {
     error_field(body, b'C')
@@ -235,6 +246,23 @@ pub fn client_encoding_hides_backslash(body: &[u8]) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameter_types_are_read_whole_or_not_at_all() {
+        let body = |count: u16, types: &[u32]| {
+            let mut b = count.to_be_bytes().to_vec();
+            types.iter().for_each(|t| b.extend_from_slice(&t.to_be_bytes()));
+            b
+        };
+        assert_eq!(parameter_types(&body(2, &[23, 20])), Some(vec![23, 20]));
+        assert_eq!(parameter_types(&body(0, &[])), Some(vec![]));
+        // The count is unsigned: 65 535 parameters.
+        let many = vec![25; 65_535];
+        assert_eq!(parameter_types(&body(65_535, &many)), Some(many));
+        assert_eq!(parameter_types(&body(3, &[23, 20])), None, "short");
+        assert_eq!(parameter_types(&body(1, &[23, 20])), None, "trailing bytes");
+        assert_eq!(parameter_types(&[0]), None);
+    }
 
     #[test]
     fn an_error_that_ends_the_session_is_known_by_its_severity() {

@@ -1117,12 +1117,15 @@ impl Dispatcher {
     pub fn on_describe(&mut self, shared: &mut Shared, kind: u8, name: &str) {
         // Postgres checks a prepared statement again to describe it: a rewrite reports its
         // errors in the rewritten text, as at Bind.
-        let positions = if kind == b'S' {
-            self.rw_statements.get(name).and_then(|rw| rw.last.positions.clone())
+        self.take_described(shared);
+        let rw = if kind == b'S' {
+            self.rw_statements.get(name)
         } else {
             None
         };
-        shared.pending.push_back(Unit::Describe(positions));
+        let positions = rw.and_then(|rw| rw.last.positions.clone());
+        let statement = rw.map(|rw| (name.to_owned(), rw.serial));
+        shared.pending.push_back(Unit::Describe(positions, statement));
     }
 
     /// Close of a statement (`S`) or portal (`P`). What it removes goes when Postgres

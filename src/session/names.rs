@@ -221,6 +221,12 @@ impl<V> NameMap<V> {
         self.named.clear();
     }
 
+    /// Its entries, the unnamed one first.
+    pub fn into_entries(self) -> impl Iterator<Item = (String, V)> {
+        let unnamed = self.unnamed.map(|v| (String::new(), v));
+        unnamed.into_iter().chain(self.named)
+    }
+
     /// Keeps the entries for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut V) -> bool) {
         if self.unnamed.as_mut().is_some_and(|v| !keep("", v)) {

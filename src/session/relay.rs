@@ -28,7 +28,8 @@ const BIND_PREFIX: usize = 64 * 1024;
 /// Largest small client message (Execute, Close, Describe, Sync, Flush, Terminate):
 /// Postgres' own limit is 10 000 bytes (`PQ_SMALL_MESSAGE_LIMIT`).
 const SMALL_MESSAGE: usize = 64 * 1024;
-/// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse, ParameterStatus) up to this size.
+/// Server messages read whole (ReadyForQuery, CommandComplete, ErrorResponse, ParameterStatus,
+/// ParameterDescription) up to this size.
 const SERVER_INSPECT: usize = 1024 * 1024;
 /// Postgres' largest acceptable message length, length word included (`PQ_LARGE_MESSAGE_LIMIT`):
 /// it ends a session that sends more, even as streamed COPY data. Also the bound of the
@@ -573,7 +574,7 @@ where
                 };
                 let total = h.total_len();
                 last_error = h.tag == b'E';
-                if matches!(h.tag, b'Z' | b'C' | b'E' | b'S') && h.body_len <= SERVER_INSPECT {
+                if matches!(h.tag, b'Z' | b'C' | b'E' | b'S' | b't') && h.body_len <= SERVER_INSPECT {
                     if rb.buf.len() - pos < total {
                         need = total - (rb.buf.len() - pos);
                         break;

@@ -91,8 +91,14 @@ pub(super) struct RwStatement {
     pub(super) span: Range<usize>,
     /// The fences it writes.
     pub(super) fences: Vec<FenceId>,
-    /// The Parse message's parameter-type section, resent on re-prepare.
+    /// The Parse message's parameter-type section, resent on re-prepare unless Postgres
+    /// described the statement's parameters (`described`).
     pub(super) params: Vec<u8>,
+    /// The parameter types Postgres described for this statement, declared by a
+    /// re-prepare: the client encodes its values for them (a driver that sends binary
+    /// `int4` for an `int4` epoch column), and the rewritten text alone could make
+    /// Postgres infer others (`bigint`, from the epoch it writes beside the value).
+    pub(super) described: Option<Vec<u32>>,
     /// Whether `full` is the client's exact text (it was valid UTF-8).
     pub(super) exact: bool,
     /// What it does, for the definitions a re-prepare adds (`Shared::statements`).
@@ -311,6 +317,7 @@ impl Dispatcher {
             span: stmt.span.clone(),
             fences: fences.clone(),
             params: params.to_vec(),
+            described: None,
             exact,
             analysis: analysis.clone(),
             last: LastParse {
@@ -380,6 +387,7 @@ impl Dispatcher {
         rebound: bool,
         out: &mut BytesMut,
     ) -> Option<RwPortal> {
+        self.take_described(shared);
         let rw = self.rw_statements.get(statement)?;
         let upstream = self.upstream(shared, statement, rw);
         if upstream == Upstream::NotThis {
@@ -410,7 +418,11 @@ impl Dispatcher {
         {
             let (sql, positions) = splice(rw, &text, self.redo(fence, epoch));
             let positions = Arc::new(positions);
-            let (params, analysis) = (rw.params.clone(), rw.analysis.clone());
+            let params = match &rw.described {
+                Some(types) => parameter_types(types),
+                None => rw.params.clone(),
+            };
+            let analysis = rw.analysis.clone();
             close_raw(out, &rw.wire);
             shared.pending.push_back(Unit::Close(Some(Injected::Plumbing), None));
             parse_raw(out, &rw.wire, &sql, &params);
@@ -494,6 +506,21 @@ impl Dispatcher {
         }))
     }
 
+    /// Keeps the parameter types Postgres described for rewrite statements with the
+    /// statements they were described for (a statement prepared again since is another).
+    pub(super) fn take_described(&mut self, shared: &mut Shared) {
+        if shared.described.is_empty() {
+            return;
+        }
+        for (name, (serial, types)) in std::mem::take(&mut shared.described).into_entries() {
+            if let Some(rw) = self.rw_statements.get_mut(&name)
+                && rw.serial == serial
+            {
+                rw.described = Some(types);
+            }
+        }
+    }
+
     /// Close of a client statement.
     pub(super) fn close_rewrite(&mut self, kind: u8, name: &str) {
         if kind == b'S' {
@@ -515,6 +542,17 @@ fn splice(rw: &RwStatement, text: &str, redo: Redo) -> (String, Positions) {
     out.rewrite(text, original, redo);
     out.copy(after);
     (out.text, out.positions)
+}
+
+/// A Parse message's parameter-type section declaring `types`.
+fn parameter_types(types: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + 4 * types.len());
+    // At most 65 535: Postgres described them.
+    out.extend_from_slice(&(types.len() as u16).to_be_bytes());
+    for t in types {
+        out.extend_from_slice(&t.to_be_bytes());
+    }
+    out
 }
 
 /// Appends a Parse with the client's raw parameter-type section.

@@ -326,8 +326,10 @@ pub enum Unit {
     /// portal it replaces, to restore if Postgres refuses or skips it.
     Bind(Option<Injected>, Option<Arc<Positions>>, Option<Box<Rebind>>),
     /// Describe; of a rewrite statement, how its text was made (Postgres checks a prepared
-    /// statement again when it describes it, and reports errors in the rewritten text).
-    Describe(Option<Arc<Positions>>),
+    /// statement again when it describes it, and reports errors in the rewritten text),
+    /// and, for a Describe of a rewrite statement, its name and serial, under which its
+    /// parameter types are kept (see [`Shared::described`]).
+    Describe(Option<Arc<Positions>>, Option<(String, u64)>),
     /// Execute.
     Execute(Option<Injected>, Option<Effect>),
     /// Close; the client's Close of a statement carries the last definition it removes.
@@ -514,6 +516,11 @@ pub struct Shared {
     /// The client side stopped reading at [`MAX_PENDING`] units in flight and waits to be
     /// woken once replies bring them down to [`RESUME_PENDING`].
     pub reader_waiting: bool,
+    /// Parameter types Postgres described for rewrite statements, by name (with the
+    /// statement's serial), until the dispatcher takes them: a re-prepare declares them, so
+    /// the rewritten text takes the parameters as the client was told to send them. One
+    /// per name, however many Describes of it are answered meanwhile.
+    pub described: NameMap<(u64, Vec<u32>)>,
 }
 
 /// Units in flight awaiting a reply at which pgfence stops reading from the client until
@@ -604,7 +611,7 @@ impl Shared {
             })
     }
 
-    /// Classifies one server message. `body` is given for `Z`, `C` and `E`
+    /// Classifies one server message. `body` is given for `Z`, `C`, `E`, `S` and `t`
     /// (when not oversized). pgfence's own errors (SQLSTATE class PF) lose their
     /// CONTEXT: it names the guard's PL/pgSQL internals, not the client's statement.
     pub fn on_server_message(&mut self, tag: u8, body: Option<&[u8]>) -> Verdict {
@@ -788,7 +795,15 @@ impl Shared {
             },
             // Dropped above before anything is attributed.
             Unit::CopyEnd => Verdict::Forward,
-            Unit::Describe(_) => match tag {
+            Unit::Describe(_, statement) => match tag {
+                b't' => {
+                    if let Some((name, serial)) = statement.take()
+                        && let Some(types) = body.and_then(frame::parameter_types)
+                    {
+                        self.described.insert(&name, (serial, types));
+                    }
+                    Verdict::Forward
+                }
                 b'T' | b'n' => {
                     self.pending.pop_front();
                     Verdict::Forward
@@ -1198,7 +1213,7 @@ impl Shared {
                 }
                 (positions, true)
             }
-            Some(Unit::Describe(positions)) => (positions, true),
+            Some(Unit::Describe(positions, _)) => (positions, true),
             _ => (None, false),
         };
         self.tx_error = true;

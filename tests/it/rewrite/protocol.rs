@@ -495,6 +495,52 @@ async fn insert_select_parameters_keep_the_types_of_their_columns() {
     }
 }
 
+/// A statement prepared before the epoch was declared is re-prepared at its first Bind with
+/// an epoch, with the parameter types Postgres described for it: a driver encodes its values
+/// for those (binary `int4` for an `int4` epoch column), while the rewritten text alone
+/// would make Postgres read that parameter as `bigint`, beside the epoch it writes.
+#[tokio::test]
+async fn a_reprepare_declares_the_parameter_types_postgres_described() {
+    use tokio_postgres::types::Type;
+    let f = fixture(false).await;
+    f.admin
+        .batch_execute("ALTER TABLE items ALTER last_epoch TYPE int")
+        .await
+        .unwrap();
+    let insert = "INSERT INTO items (id, note, last_epoch) VALUES ($1, $2, $3) RETURNING last_epoch";
+    let update = "UPDATE items SET note = $1, last_epoch = $2 WHERE id = $3 RETURNING last_epoch";
+    // Straight to Postgres the driver sends `int4` for the epoch column, and it lands.
+    let direct = f.direct().await;
+    let st = direct.prepare(insert).await.unwrap();
+    assert_eq!(st.params(), [Type::INT4, Type::TEXT, Type::INT4]);
+    let row = direct.query_one(&st, &[&1i32, &"d", &7i32]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 7);
+
+    let s = f.session("").await;
+    let (insert, update) = (s.prepare(insert).await.unwrap(), s.prepare(update).await.unwrap());
+    assert_eq!(insert.params(), [Type::INT4, Type::TEXT, Type::INT4]);
+    assert_eq!(update.params(), [Type::TEXT, Type::INT4, Type::INT4]);
+    s.batch_execute("SET pgfence.epoch = 5").await.unwrap();
+    let epoch = |row: Option<tokio_postgres::Row>| row.map(|r| r.get::<_, i32>(0));
+    let row = s.query_opt(&insert, &[&2i32, &"x", &99i32]).await.unwrap();
+    assert_eq!(epoch(row), Some(5));
+    let row = s.query_opt(&update, &[&"y", &99i32, &2i32]).await.unwrap();
+    assert_eq!(epoch(row), Some(5));
+    // A new epoch prepares it again, with the same types; a stale one touches nothing.
+    s.batch_execute("SET pgfence.epoch = 6").await.unwrap();
+    let row = s.query_opt(&update, &[&"z", &99i32, &2i32]).await.unwrap();
+    assert_eq!(epoch(row), Some(6));
+    s.batch_execute("SET pgfence.epoch = 5").await.unwrap();
+    let row = s.query_opt(&update, &[&"stale", &99i32, &2i32]).await.unwrap();
+    assert_eq!(epoch(row), None);
+    let row = f
+        .admin
+        .query_one("SELECT note, last_epoch FROM items WHERE id = 2", &[])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, String>(0), row.get::<_, i32>(1)), ("z".into(), 6));
+}
+
 /// One message rewrites at most 4 MiB of statements (each costs the proxy's thread about
 /// 300 ns a byte): past that the message is refused with PF004 and writes nothing, while
 /// the same statements sent in two messages are rewritten as always.
