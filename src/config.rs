@@ -2,6 +2,7 @@
 //! flags, parsed once into a validated [`Config`].
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
@@ -400,6 +401,35 @@ fn databases_overlap(a: Option<&str>, b: Option<&str>) -> bool {
 }
 
 /// Checks `host:port` and returns the port.
+/// The address of `upstream` (resolved) that reaches pgfence itself at `listen` (resolved,
+/// or bound): the same port at the same address, or at any address of this host when
+/// pgfence listens on all of them. A config that spells the two differently
+/// (`localhost` and `127.0.0.1`, `0.0.0.0` and `127.0.0.1`) would still make each session
+/// connect to pgfence again.
+pub fn upstream_reaches_listen(listen: &[SocketAddr], upstream: &[SocketAddr]) -> Option<SocketAddr> {
+    let local = |ip: IpAddr| ip.is_loopback() || ip.is_unspecified() || TcpListener::bind((ip, 0)).is_ok();
+    upstream.iter().copied().find(|u| {
+        listen.iter().any(|l| {
+            // `::` takes IPv4 connections too (unless bindv6only is set).
+            let family = l.is_ipv4() == u.is_ipv4() || l.ip().is_unspecified() && l.is_ipv6();
+            l.port() == u.port()
+                && family
+                && (l.ip() == u.ip()
+                    // Connecting to an unspecified address reaches this host's loopback.
+                    || u.ip().is_unspecified() && (l.ip().is_loopback() || l.ip().is_unspecified())
+                    || l.ip().is_unspecified() && local(u.ip()))
+        })
+    })
+}
+
+/// [`upstream_reaches_listen`]'s refusal.
+pub fn upstream_is_listen(upstream: &str, addr: SocketAddr) -> String {
+    format!(
+        "upstream = {upstream:?} ({addr}) is pgfence's own listen address: each session would connect to \
+         pgfence again until max_client_conn is used up; point upstream at Postgres"
+    )
+}
+
 fn check_host_port(field: &str, value: &str) -> Result<u16, ConfigError> {
     value
         .rsplit_once(':')
@@ -421,6 +451,25 @@ fn seconds(field: &str, value: f64) -> Result<Duration, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstream_that_reaches_pgfence_itself_is_found_by_address() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let reaches = |l: &str, u: &str| upstream_reaches_listen(&[addr(l)], &[addr(u)]).is_some();
+        assert!(reaches("127.0.0.1:6432", "127.0.0.1:6432"));
+        assert!(reaches("0.0.0.0:6432", "127.0.0.1:6432"));
+        assert!(reaches("127.0.0.1:6432", "0.0.0.0:6432"));
+        assert!(reaches("[::]:6432", "127.0.0.1:6432"));
+        assert!(reaches("[::]:6432", "[::1]:6432"));
+        assert!(reaches("[::1]:6432", "[::1]:6432"));
+        assert!(!reaches("127.0.0.1:6432", "127.0.0.1:5432"), "another port");
+        assert!(!reaches("127.0.0.2:6432", "127.0.0.1:6432"), "another loopback address");
+        assert!(!reaches("0.0.0.0:6432", "[::1]:6432"), "0.0.0.0 takes no IPv6");
+        assert!(!reaches("0.0.0.0:6432", "192.0.2.1:6432"), "an address of another host");
+        // Any of several resolved addresses.
+        let found = upstream_reaches_listen(&[addr("127.0.0.1:6432")], &[addr("[::1]:6432"), addr("127.0.0.1:6432")]);
+        assert_eq!(found, Some(addr("127.0.0.1:6432")));
+    }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         RawConfig::from_toml(text)?.validate()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use pgfence::config::{Config, RawConfig};
+use pgfence::config::{Config, RawConfig, upstream_is_listen, upstream_reaches_listen};
 use pgfence::server::{Server, Shutdown};
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
@@ -171,6 +171,14 @@ async fn serve(config: Arc<Config>) -> anyhow::Result<()> {
     let server = Server::bind(config.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
+    // Spelled differently from `listen`, the upstream may still be pgfence itself. One that
+    // does not resolve now is left to each session's connect.
+    if let (Ok(listen), Ok(upstream)) = (server.local_addr(), tokio::net::lookup_host(&config.upstream).await) {
+        let upstream: Vec<_> = upstream.collect();
+        if let Some(a) = upstream_reaches_listen(&[listen], &upstream) {
+            anyhow::bail!(upstream_is_listen(&config.upstream, a));
+        }
+    }
     let shutdown = Shutdown::default();
     tokio::spawn(signals(shutdown.clone()));
     server.run(shutdown).await;
@@ -251,8 +259,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 );
             }
             // The upstream may resolve only where pgfence runs: said, not refused.
-            if let Err(e) = tokio::net::lookup_host(&c.upstream).await {
-                tracing::warn!("upstream = {:?}: cannot resolve the address here: {e}", c.upstream);
+            match tokio::net::lookup_host(&c.upstream).await {
+                Ok(upstream) => {
+                    let upstream: Vec<_> = upstream.collect();
+                    if let Some(a) = upstream_reaches_listen(&addrs, &upstream) {
+                        anyhow::bail!(upstream_is_listen(&c.upstream, a));
+                    }
+                }
+                Err(e) => tracing::warn!("upstream = {:?}: cannot resolve the address here: {e}", c.upstream),
             }
             pgfence::say!(
                 "{}: ok (listen {}, upstream {}, {} fence(s))",

@@ -166,6 +166,58 @@ fn serve_with_a_bad_config_exits_non_zero() {
     assert!(text.contains("unknown field"), "{text}");
 }
 
+/// An upstream spelled unlike `listen` that still reaches pgfence itself (`0.0.0.0` and
+/// `127.0.0.1`, `localhost` and `127.0.0.1`) is refused by check-config, and by serve before it
+/// accepts anything; another port is fine.
+#[test]
+fn an_upstream_that_resolves_to_the_listen_address_is_refused() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = |listen: &str, upstream: &str| {
+        write_config(&format!(
+            "listen = \"{listen}:{port}\"\nupstream = \"{upstream}:{port}\"\n"
+        ))
+    };
+    for (listen, upstream) in [
+        ("0.0.0.0", "127.0.0.1"),
+        ("127.0.0.1", "localhost"),
+        ("localhost", "0.0.0.0"),
+    ] {
+        let (ok, text) = pgfence(&["check-config", "--config", &config(listen, upstream)]);
+        assert!(!ok, "{listen} / {upstream}: {text}");
+        assert!(text.contains("is pgfence's own listen address"), "{text}");
+    }
+    let other = write_config(&format!(
+        "listen = \"0.0.0.0:{port}\"\nupstream = \"127.0.0.1:{}\"\n",
+        port ^ 1
+    ));
+    let (ok, text) = pgfence(&["check-config", "--config", &other]);
+    assert!(ok, "{text}");
+    // serve binds, sees it, and exits.
+    let file = config("127.0.0.1", "localhost");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .args(["serve", "--config", &file])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("serve kept running with upstream reaching itself");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(text.contains("is pgfence's own listen address"), "{text}");
+}
+
 #[tokio::test]
 async fn newer_protocol_minor_gets_negotiate_protocol_version() {
     let cluster = Cluster::shared();
