@@ -32,7 +32,7 @@ apt_update = $(SUDO) apt-get update -q
 
 DRIVERS := tests/drivers
 
-.PHONY: help setup setup-postgres setup-python setup-node build test demo fmt fmt-check clippy lint ci \
+.PHONY: help setup setup-postgres setup-python setup-node setup-java build test demo fmt fmt-check clippy lint ci \
         bench-setup bench bench-pgbench soak fuzz clean
 
 help:
@@ -40,7 +40,7 @@ help:
 
 ## setup ---------------------------------------------------------------------------------------
 
-setup: setup-postgres setup-python setup-node
+setup: setup-postgres setup-python setup-node setup-java
 
 # Server binaries for the throwaway clusters, psql/pgbench, and the `postgres` user they run as
 # when we are root.
@@ -64,6 +64,16 @@ setup-node: $(DRIVERS)/node_modules/.package-lock.json
 $(DRIVERS)/node_modules/.package-lock.json: $(DRIVERS)/package.json $(DRIVERS)/package-lock.json
 	cd $(DRIVERS) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
+
+# pgjdbc from Debian's package (Maven Central is not reachable from CI); the JDK is on the
+# machine image, else Debian's default one.
+JDBC_JAR := /usr/share/java/postgresql.jar
+setup-java:
+	@if command -v java >/dev/null && [ -f $(JDBC_JAR) ]; then \
+	  echo "jdbc: $(JDBC_JAR)"; \
+	else \
+	  $(apt_update); $(APT_INSTALL) libpostgresql-jdbc-java $$(command -v java >/dev/null || echo default-jdk-headless); \
+	fi
 
 ## build, test, lint -----------------------------------------------------------------------------
 

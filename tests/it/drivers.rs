@@ -1,5 +1,5 @@
-//! The contract checked from outside, with real drivers and tools: psycopg 3, asyncpg and
-//! node-postgres run the scripts in `tests/drivers/` against an in-process pgfence; psql and
+//! The contract checked from outside, with real drivers and tools: psycopg 3, asyncpg,
+//! node-postgres and pgjdbc run the scripts in `tests/drivers/` against an in-process pgfence; psql and
 //! pgbench run against it with fenced tables.
 //!
 //! Each script prints one `PASS`/`FAIL` line per check and exits non-zero on any failure; the
@@ -83,9 +83,15 @@ fn text(bytes: &[u8]) -> String {
 
 /// Runs one driver script against a fresh seed database behind pgfence and asserts it passed.
 async fn run_driver_script(program: &str, script: &str) {
+    run_driver_script_with(program, &[], script).await;
+}
+
+/// [`run_driver_script`] with arguments for `program` before the script.
+async fn run_driver_script_with(program: &str, program_args: &[&str], script: &str) {
     let f = Fixture::new().await;
     let mut cmd = Command::new(program);
-    cmd.arg(drivers_dir().join(script))
+    cmd.args(program_args)
+        .arg(drivers_dir().join(script))
         .args(["127.0.0.1", &f.proxy.port().to_string(), &f.db, "postgres"])
         .current_dir(drivers_dir())
         .env("PYTHONUNBUFFERED", "1");
@@ -126,6 +132,20 @@ async fn node_postgres_driver_checks_pass_through_pgfence() {
             .current_dir(drivers_dir()),
     );
     run_driver_script("node", "node_compat.js").await;
+}
+
+/// pgjdbc, from Debian's package (`make setup` installs it).
+const JDBC_JAR: &str = "/usr/share/java/postgresql.jar";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jdbc_driver_checks_pass_through_pgfence() {
+    require("java", Command::new("java").arg("-version"));
+    assert!(
+        Path::new(JDBC_JAR).exists(),
+        "pgjdbc is not installed ({JDBC_JAR}): run `make setup` (CI runs it before the tests)"
+    );
+    // A single-file program, compiled in memory by `java` itself.
+    run_driver_script_with("java", &["-cp", JDBC_JAR], "JdbcCompat.java").await;
 }
 
 /// psql with `-v ON_ERROR_STOP=1` and the epoch in `PGOPTIONS`; returns (stdout, stderr, exit code).
@@ -378,8 +398,8 @@ async fn backend_key_data_carries_the_upstream_pid_and_a_private_secret() {
     assert_eq!(codes(&reply), ["57014"], "{reply:?}");
 }
 
-/// Hand-made extended-protocol messages in the shapes pgjdbc sends (JDBC itself is not
-/// installable here: Maven Central does not resolve).
+/// Hand-made extended-protocol messages in the shapes pgjdbc sends, down to the reply tags
+/// (the driver itself runs in `jdbc_driver_checks_pass_through_pgfence`).
 mod jdbc_shape {
     use crate::common::raw::message;
     pub use crate::common::raw::{bind, execute, parse, sync};
