@@ -179,13 +179,11 @@ async fn establish_inner(
         client.write_all(&out).await?;
     }
     let fences = ctx.fences_for(&database);
-    let declared = match startup_declarations(&startup, &fences) {
-        Ok(d) => d,
-        Err(err) => {
-            info!(%err, "refused startup declaration");
-            client.write_all(&err.to_response()).await?;
-            return Ok(None);
-        }
+    // An invalid epoch is refused once Postgres has authenticated the client, as Postgres
+    // refuses an invalid setting: a client that cannot log in learns nothing of the fences.
+    let (declared, refusal) = match startup_declarations(&startup, &fences) {
+        Ok(d) => (d, None),
+        Err(err) => (Declarations::default(), Some(err)),
     };
     if let Some(e) = declared.epoch.current() {
         span.record("epoch", e.to_string());
@@ -202,7 +200,7 @@ async fn establish_inner(
         .write_all(&startup.encode_for_upstream())
         .await
         .map_err(|e| StartupError::from(e).upstream())?;
-    let Some(key) = relay_auth(client, &mut upstream, ctx).await? else {
+    let Some(key) = relay_auth(client, &mut upstream, ctx, refusal.as_ref()).await? else {
         return Ok(None);
     };
     Ok(Some((upstream, declared, fences, key)))
@@ -259,11 +257,13 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
 
 /// Relays authentication until ReadyForQuery. Returns the registered cancel
 /// key and the settings the server reported, or `None` when the
-/// upstream refused the session (its error was forwarded).
+/// upstream refused the session (its error was forwarded), or when `refusal` ended it
+/// right after AuthenticationOk, where Postgres reports an invalid setting.
 async fn relay_auth(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     ctx: &ServerContext,
+    refusal: Option<&ProxyError>,
 ) -> Result<Option<(CancelKeyGuard, Reported)>, StartupError> {
     let mut key = None;
     let mut reported = Reported::default();
@@ -298,6 +298,13 @@ async fn relay_auth(
             b'R' => {
                 let code = Body::new(&msg[HEADER_LEN..]).i32().ok_or_else(malformed)?;
                 client.write_all(&msg).await?;
+                if code == 0
+                    && let Some(err) = refusal
+                {
+                    info!(%err, "refused startup declaration");
+                    client.write_all(&err.to_response()).await?;
+                    return Ok(None);
+                }
                 // 0 = ok, 12 = SASL final: no answer expected. Every other request waits for the client.
                 if !matches!(code, 0 | 12) {
                     let (_, answer) = read_message(client).await?;

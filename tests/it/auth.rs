@@ -51,6 +51,30 @@ async fn every_auth_method_passes_through() {
             assert_eq!(err.code().map(|c| c.code()), Some("28P01"), "{user}: {err}");
         }
     }
+    // An invalid startup epoch is refused once Postgres has authenticated the client, as
+    // Postgres refuses an invalid setting: a wrong password or an unknown role gets
+    // Postgres' own error, which tells nothing of the fences.
+    let proxy = Proxy::start(cluster.port(), crate::fencing::NO_LEASE).await;
+    for (user, password, code) in [
+        ("scramuser", "wrong", "28P01"),
+        ("md5user", "wrong", "28P01"),
+        ("nosuchuser", "", "28000"),
+        ("scramuser", "scramsecret", "PF003"),
+        ("trustuser", "", "PF003"),
+    ] {
+        let mut c = config(proxy.port(), "postgres");
+        c.user(user).options("-c pgfence.epoch=0");
+        if !password.is_empty() {
+            c.password(password);
+        }
+        let err = connect_config(&c)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{user}: connected with epoch 0"));
+        assert_eq!(err.code().map(|c| c.code()), Some(code), "{user}: {err}");
+        let named = err.as_db_error().is_some_and(|e| e.message().contains("sweeper"));
+        assert_eq!(named, code == "PF003", "{user}: {err}");
+    }
 }
 
 /// A client's password message is read up to Postgres' own limit (65535 bytes with the
