@@ -311,9 +311,11 @@ fn misread_literals(sql: &str, lexing: Lexing) -> impl Iterator<Item = Token> + 
     })
 }
 
-/// `sql` with each literal that [`sqlparser_misreads`] replaced by an empty literal of its
-/// kind (its prefix, then `''`), so that sqlparser reads the tokens Postgres reads; borrowed
-/// when there is none. The values are lost: for checking a statement's structure.
+/// `sql` as sqlparser reads the statement Postgres reads, for checking its structure (the
+/// values are lost); borrowed when nothing needs to change:
+/// - each literal that [`sqlparser_misreads`] replaced by an empty literal of its kind (its
+///   prefix, then `''`);
+/// - an INSERT's query before `ON CONFLICT` in parentheses ([`queries_before_on_conflict`]).
 pub fn for_sqlparser(sql: &str, lexing: Lexing) -> Cow<'_, str> {
     let mut out = String::new();
     let mut copied = 0;
@@ -325,11 +327,70 @@ pub fn for_sqlparser(sql: &str, lexing: Lexing) -> Cow<'_, str> {
         out.push_str("''");
         copied = t.span.end;
     }
-    if copied == 0 {
-        return Cow::Borrowed(sql);
+    let emptied = if copied == 0 {
+        Cow::Borrowed(sql)
+    } else {
+        out.push_str(&sql[copied..]);
+        Cow::Owned(out)
+    };
+    let queries = queries_before_on_conflict(&emptied, lexing);
+    if queries.is_empty() {
+        return emptied;
     }
-    out.push_str(&sql[copied..]);
+    let mut marks: Vec<(usize, char)> = queries.iter().flat_map(|q| [(q.start, '('), (q.end, ')')]).collect();
+    marks.sort_by_key(|m| m.0);
+    let mut out = String::with_capacity(emptied.len() + marks.len());
+    let mut copied = 0;
+    for (at, c) in marks {
+        out.push_str(&emptied[copied..at]);
+        out.push(c);
+        copied = at;
+    }
+    out.push_str(&emptied[copied..]);
     Cow::Owned(out)
+}
+
+/// The queries of INSERTs that `ON CONFLICT` follows, each from its first keyword (`SELECT`
+/// or `WITH`) to the `ON`. sqlparser takes an `ON` after a select list for a column alias
+/// (`INSERT … SELECT $1, $2 ON CONFLICT …`), which Postgres never does (`ON` is reserved);
+/// in parentheses the query means the same to Postgres and ends where sqlparser can see it.
+fn queries_before_on_conflict(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
+    /// Per parenthesis level: an INSERT was seen, and where its query starts.
+    #[derive(Default)]
+    struct Level {
+        insert: bool,
+        query: Option<usize>,
+    }
+    let mut found = Vec::new();
+    let mut levels = vec![Level::default()];
+    let mut tokens = Lexer::new(sql, lexing).peekable();
+    while let Some(t) = tokens.next() {
+        if t.is_punct(b'(') {
+            levels.push(Level::default());
+            continue;
+        }
+        if t.is_punct(b')') {
+            if levels.len() > 1 {
+                levels.pop();
+            }
+            continue;
+        }
+        let Some(level) = levels.last_mut() else { break };
+        if t.is_word(sql, "insert") {
+            *level = Level {
+                insert: true,
+                query: None,
+            };
+        } else if level.insert && level.query.is_none() && (t.is_word(sql, "select") || t.is_word(sql, "with")) {
+            level.query = Some(t.span.start);
+        } else if t.is_word(sql, "on") && tokens.peek().is_some_and(|n| n.is_word(sql, "conflict")) {
+            if let Some(start) = level.query.take() {
+                found.push(start..t.span.start);
+            }
+            level.insert = false;
+        }
+    }
+    found
 }
 
 /// How the body of a `'…'` literal is read, as in Postgres' lexer states.
@@ -802,6 +863,39 @@ mod tests {
             assert!(sqlparser_misreads(sql, lexing), "{sql}");
             assert!(!sqlparser_misreads(&for_sqlparser(sql, lexing), lexing), "{sql}");
         }
+    }
+
+    #[test]
+    fn for_sqlparser_puts_an_insert_query_before_on_conflict_in_parentheses() {
+        let on = Lexing::default();
+        assert_eq!(
+            for_sqlparser("INSERT INTO t (a, b) SELECT $1, $2 ON CONFLICT DO NOTHING", on),
+            "INSERT INTO t (a, b) (SELECT $1, $2 )ON CONFLICT DO NOTHING"
+        );
+        assert_eq!(
+            for_sqlparser(
+                "WITH w AS (INSERT INTO t (a) WITH c AS (SELECT 1) SELECT x FROM c ON CONFLICT (a) DO NOTHING RETURNING a) \
+                 INSERT INTO u SELECT a FROM w ON CONFLICT ON CONSTRAINT k DO NOTHING",
+                on
+            ),
+            "WITH w AS (INSERT INTO t (a) (WITH c AS (SELECT 1) SELECT x FROM c )ON CONFLICT (a) DO NOTHING RETURNING a) \
+             INSERT INTO u (SELECT a FROM w )ON CONFLICT ON CONSTRAINT k DO NOTHING"
+        );
+        // Values, a query in parentheses already, no ON CONFLICT, a comment or a literal: untouched.
+        for sql in [
+            "INSERT INTO t (a) VALUES (1) ON CONFLICT DO NOTHING",
+            "INSERT INTO t (a) (SELECT 1) ON CONFLICT DO NOTHING",
+            "INSERT INTO t (a) SELECT 1 RETURNING a",
+            "INSERT INTO t (a) SELECT 'on conflict' -- on conflict",
+            "SELECT 1 FROM a JOIN b ON conflict",
+        ] {
+            assert!(matches!(for_sqlparser(sql, on), Cow::Borrowed(_)), "{sql}");
+        }
+        // With a misread literal emptied first.
+        assert_eq!(
+            for_sqlparser("INSERT INTO t (a) SELECT 'x'\n'y' ON CONFLICT DO NOTHING", on),
+            "INSERT INTO t (a) (SELECT '' )ON CONFLICT DO NOTHING"
+        );
     }
 
     #[test]

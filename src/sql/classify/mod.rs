@@ -468,7 +468,9 @@ impl<'a> Ctx<'a> {
         }
         self.parse_budget -= text.len();
         self.parsed = true;
-        match ast::parse(text) {
+        // The copy sqlparser reads as Postgres does (an INSERT's query before ON CONFLICT in
+        // parentheses; the literals it misreads went to the fallback above).
+        match ast::parse(&lex::for_sqlparser(text, self.lexing)) {
             Some(stmt) => match ast::classify(&stmt, self.fences) {
                 hits if hits.unknown => self.unanalysable_if_named(&span),
                 hits => hits.into_write(self.fences),

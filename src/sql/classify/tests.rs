@@ -134,6 +134,11 @@ const ROWS: &[(&str, &str)] = &[
         "write:invoices",
     ),
     ("INSERT INTO other SELECT * FROM invoices", "other"),
+    // sqlparser would read the ON after a select list as its alias.
+    (
+        "WITH w AS (INSERT INTO invoices (id) SELECT $1 ON CONFLICT DO NOTHING RETURNING id) SELECT * FROM w",
+        "write:invoices",
+    ),
     ("INSERT INTO \"invoices\" VALUES (1)", "write:invoices"),
     ("INSERT INTO \"Invoices\" VALUES (1)", "other"),
     ("INSERT INTO INVOICES VALUES (1)", "write:invoices"),

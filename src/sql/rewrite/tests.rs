@@ -418,3 +418,22 @@ fn case_words_as_column_labels_are_not_case() {
         assert!(rw(sql).is_ok_and(|out| out.contains("<= 7")), "{sql}");
     }
 }
+
+/// sqlparser reads `ON` after a select list as a column alias; the check parses a copy with
+/// the query in parentheses, so a select list right before ON CONFLICT is rewritten.
+#[test]
+fn an_insert_select_list_before_on_conflict_is_rewritten() {
+    for (input, want) in [
+        (
+            "INSERT INTO sweep_state (id, note) SELECT $1, $2 ON CONFLICT (id) DO UPDATE SET note = excluded.note",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT $1, $2, {N} ON CONFLICT (id) DO UPDATE SET \
+             note = excluded.note, last_epoch = {N} WHERE coalesce(sweep_state.last_epoch, 0) <= {N}",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) SELECT 1, 'a' ON CONFLICT DO NOTHING",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT 1, 'a', {N} ON CONFLICT DO NOTHING",
+        ),
+    ] {
+        assert_eq!(rw(input), Ok(want.replace("{N}", "7::pgfence.epoch")), "{input}");
+    }
+}

@@ -173,6 +173,15 @@ const BESPOKE: &[(&str, &str)] = &[
         "INSERT INTO items AS t (id, note, last_epoch) VALUES (2, 'x', 7), (6, 'y', 7) ON CONFLICT (id) DO UPDATE SET note = t.note || excluded.note, last_epoch = 7 WHERE (t.n > 100 OR t.id <> 0) AND coalesce(t.last_epoch, 0) <= 7",
     ),
     (
+        // A select list right before ON CONFLICT (no FROM).
+        "INSERT INTO items (id, note) SELECT 4, 'sel' ON CONFLICT (id) DO UPDATE SET note = excluded.note",
+        "INSERT INTO items (id, note, last_epoch) SELECT 4, 'sel', 7 ON CONFLICT (id) DO UPDATE SET note = excluded.note, last_epoch = 7 WHERE coalesce(items.last_epoch, 0) <= 7",
+    ),
+    (
+        "WITH w AS (INSERT INTO items (id, note) SELECT 3, 'cte' ON CONFLICT (id) DO UPDATE SET note = 'cte-up' RETURNING id) SELECT count(*) FROM w",
+        "WITH w AS (INSERT INTO items (id, note, last_epoch) SELECT 3, 'cte', 7 ON CONFLICT (id) DO UPDATE SET note = 'cte-up', last_epoch = 7 WHERE coalesce(items.last_epoch, 0) <= 7 RETURNING id) SELECT count(*) FROM w",
+    ),
+    (
         "INSERT INTO items (id, note) VALUES (5, 'z'), (60, 'z') ON CONFLICT DO NOTHING",
         "INSERT INTO items (id, note, last_epoch) VALUES (5, 'z', 7), (60, 'z', 7) ON CONFLICT DO NOTHING",
     ),

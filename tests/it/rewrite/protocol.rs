@@ -541,6 +541,36 @@ async fn a_reprepare_declares_the_parameter_types_postgres_described() {
     assert_eq!((row.get::<_, String>(0), row.get::<_, i32>(1)), ("z".into(), 6));
 }
 
+/// An upsert whose rows come from a select list (no FROM): sqlparser reads the `ON` of
+/// `ON CONFLICT` after it as a column alias, which Postgres never does; the check reads the
+/// query in parentheses, so the write is rewritten (it was refused with PF004), and a stale
+/// epoch's upsert touches no row.
+#[tokio::test]
+async fn an_upsert_of_a_select_list_is_rewritten() {
+    let f = fixture(false).await;
+    let sql = "INSERT INTO items (id, note) SELECT $1, $2 ON CONFLICT (id) DO UPDATE SET note = excluded.note";
+    let new = f.leader(6).await;
+    assert_eq!(new.execute(sql, &[&1i32, &"six"]).await.unwrap(), 1);
+    assert_eq!(new.execute(sql, &[&1i32, &"six-again"]).await.unwrap(), 1);
+    let old = f.leader(5).await;
+    assert_eq!(old.execute(sql, &[&1i32, &"stale"]).await.unwrap(), 0);
+    let row = f
+        .admin
+        .query_one("SELECT note, last_epoch FROM items WHERE id = 1", &[])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), ("six-again".into(), 6));
+    // Control: straight to Postgres the stale upsert lands.
+    let n = f.direct().await.execute(sql, &[&1i32, &"stale"]).await.unwrap();
+    let note: String = f
+        .admin
+        .query_one("SELECT note FROM items WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!((n, note.as_str()), (1, "stale"));
+}
+
 /// One message rewrites at most 4 MiB of statements (each costs the proxy's thread about
 /// 300 ns a byte): past that the message is refused with PF004 and writes nothing, while
 /// the same statements sent in two messages are rewritten as always.
