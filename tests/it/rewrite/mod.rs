@@ -37,6 +37,15 @@ pub async fn fixture(lease: bool) -> Fixture {
     f
 }
 
+/// The note of row `id` of `items`.
+async fn item_note(f: &Fixture, id: i32) -> String {
+    f.admin
+        .query_one("SELECT note FROM items WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 async fn update_note(c: &Client, note: &str) -> u64 {
     c.execute("UPDATE sweep_state SET note = $1 WHERE id = 1", &[&note])
         .await
@@ -112,13 +121,7 @@ async fn rewrite_sets_the_epoch_on_insert_and_upsert_and_returns_rows() {
         .await
         .unwrap();
     assert_eq!(n, 0, "a stale upsert must not update the newer row");
-    let note: String = f
-        .admin
-        .query_one("SELECT note FROM items WHERE id = 1", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(note, "x");
+    assert_eq!(item_note(&f, 1).await, "x");
 }
 
 #[tokio::test]

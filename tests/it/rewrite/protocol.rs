@@ -1,7 +1,7 @@
 //! The extended protocol: statements are rewritten for the epoch current at
 //! Bind, whenever they were prepared.
 
-use super::{fixture, update_note};
+use super::{fixture, item_note, update_note};
 use crate::common::pg::Cluster;
 use crate::common::raw::{Msg, Raw, bind, close_statement, codes, execute, message, parse, query, sync, tags};
 use crate::fencing::{Fixture, code};
@@ -562,13 +562,7 @@ async fn an_upsert_of_a_select_list_is_rewritten() {
     assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), ("six-again".into(), 6));
     // Control: straight to Postgres the stale upsert lands.
     let n = f.direct().await.execute(sql, &[&1i32, &"stale"]).await.unwrap();
-    let note: String = f
-        .admin
-        .query_one("SELECT note FROM items WHERE id = 1", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!((n, note.as_str()), (1, "stale"));
+    assert_eq!((n, item_note(&f, 1).await), (1, "stale".to_owned()));
 }
 
 /// One message rewrites at most 4 MiB of statements (each costs the proxy's thread about
