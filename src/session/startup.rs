@@ -179,8 +179,9 @@ async fn establish_inner(
         client.write_all(&out).await?;
     }
     let fences = ctx.fences_for(&database);
-    // An invalid epoch is refused once Postgres has authenticated the client, as Postgres
-    // refuses an invalid setting: a client that cannot log in learns nothing of the fences.
+    // An invalid epoch is refused where Postgres refuses an invalid setting: once the client
+    // has logged in (authenticated, its role and database found and allowed), so that a
+    // client Postgres turns away gets Postgres' own error and learns nothing of the fences.
     let (declared, refusal) = match startup_declarations(&startup, &fences) {
         Ok(d) => (d, None),
         Err(err) => (Declarations::default(), Some(err)),
@@ -257,8 +258,11 @@ async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> 
 
 /// Relays authentication until ReadyForQuery. Returns the registered cancel
 /// key and the settings the server reported, or `None` when the
-/// upstream refused the session (its error was forwarded), or when `refusal` ended it
-/// right after AuthenticationOk, where Postgres reports an invalid setting.
+/// upstream refused the session (its error was forwarded), or when `refusal` ended it.
+/// `refusal` is sent in place of the first message that says Postgres accepted the
+/// session (ParameterStatus, BackendKeyData or ReadyForQuery, after AuthenticationOk):
+/// Postgres checks the role and the database after AuthenticationOk, and reports an
+/// invalid setting only after those.
 async fn relay_auth(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
@@ -294,17 +298,24 @@ async fn relay_auth(
             other => other.map_err(StartupError::upstream)?,
         };
         answered = false;
+        if let Some(err) = refusal
+            && matches!(tag, b'S' | b'K' | b'Z')
+        {
+            info!(%err, "refused startup declaration");
+            client.write_all(&err.to_response()).await?;
+            // Ended as a client ends it: Terminate, then what Postgres sent read up to its
+            // close (a socket closed with unread bytes is reset, which Postgres logs).
+            if upstream.write_all(b"X\0\0\0\x04").await.is_ok() {
+                let mut rest = [0u8; 1024];
+                let drain = async { while upstream.read(&mut rest).await.is_ok_and(|n| n > 0) {} };
+                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+            }
+            return Ok(None);
+        }
         match tag {
             b'R' => {
                 let code = Body::new(&msg[HEADER_LEN..]).i32().ok_or_else(malformed)?;
                 client.write_all(&msg).await?;
-                if code == 0
-                    && let Some(err) = refusal
-                {
-                    info!(%err, "refused startup declaration");
-                    client.write_all(&err.to_response()).await?;
-                    return Ok(None);
-                }
                 // 0 = ok, 12 = SASL final: no answer expected. Every other request waits for the client.
                 if !matches!(code, 0 | 12) {
                     let (_, answer) = read_message(client).await?;

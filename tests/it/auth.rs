@@ -14,7 +14,8 @@ async fn every_auth_method_passes_through() {
              CREATE ROLE pwuser LOGIN PASSWORD 'pwsecret';
              SET password_encryption = 'scram-sha-256';
              CREATE ROLE scramuser LOGIN PASSWORD 'scramsecret';
-             CREATE ROLE trustuser LOGIN;",
+             CREATE ROLE trustuser LOGIN;
+             CREATE ROLE nologinuser NOLOGIN;",
         )
         .await
         .unwrap();
@@ -24,6 +25,7 @@ async fn every_auth_method_passes_through() {
             "host all pwuser 127.0.0.1/32 password",
             "host all scramuser 127.0.0.1/32 scram-sha-256",
             "host all trustuser 127.0.0.1/32 trust",
+            "host all nologinuser 127.0.0.1/32 trust",
             "host all postgres 127.0.0.1/32 trust",
         ])
         .await;
@@ -51,18 +53,20 @@ async fn every_auth_method_passes_through() {
             assert_eq!(err.code().map(|c| c.code()), Some("28P01"), "{user}: {err}");
         }
     }
-    // An invalid startup epoch is refused once Postgres has authenticated the client, as
-    // Postgres refuses an invalid setting: a wrong password or an unknown role gets
-    // Postgres' own error, which tells nothing of the fences.
+    // An invalid startup epoch is refused where Postgres refuses an invalid setting, once
+    // the client has logged in: a wrong password, a role not allowed in, or a database that
+    // does not exist gets Postgres' own error, which tells nothing of the fences.
     let proxy = Proxy::start(cluster.port(), crate::fencing::NO_LEASE).await;
-    for (user, password, code) in [
-        ("scramuser", "wrong", "28P01"),
-        ("md5user", "wrong", "28P01"),
-        ("nosuchuser", "", "28000"),
-        ("scramuser", "scramsecret", "PF003"),
-        ("trustuser", "", "PF003"),
+    for (user, password, db, code) in [
+        ("scramuser", "wrong", "postgres", "28P01"),
+        ("md5user", "wrong", "postgres", "28P01"),
+        ("nosuchuser", "", "postgres", "28000"),
+        ("nologinuser", "", "postgres", "28000"),
+        ("trustuser", "", "nosuchdb", "3D000"),
+        ("scramuser", "scramsecret", "postgres", "PF003"),
+        ("trustuser", "", "postgres", "PF003"),
     ] {
-        let mut c = config(proxy.port(), "postgres");
+        let mut c = config(proxy.port(), db);
         c.user(user).options("-c pgfence.epoch=0");
         if !password.is_empty() {
             c.password(password);
