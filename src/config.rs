@@ -2,7 +2,7 @@
 //! flags, parsed once into a validated [`Config`].
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
@@ -400,26 +400,44 @@ fn databases_overlap(a: Option<&str>, b: Option<&str>) -> bool {
     }
 }
 
-/// Checks `host:port` and returns the port.
 /// The address of `upstream` (resolved) that reaches pgfence itself at `listen` (resolved,
 /// or bound): the same port at the same address, or at any address of this host when
 /// pgfence listens on all of them. A config that spells the two differently
-/// (`localhost` and `127.0.0.1`, `0.0.0.0` and `127.0.0.1`) would still make each session
-/// connect to pgfence again.
+/// (`localhost` and `127.0.0.1`, `0.0.0.0` and `127.0.0.1`, `::ffff:127.0.0.1` and
+/// `127.0.0.1`) would still make each session connect to pgfence again.
 pub fn upstream_reaches_listen(listen: &[SocketAddr], upstream: &[SocketAddr]) -> Option<SocketAddr> {
-    let local = |ip: IpAddr| ip.is_loopback() || ip.is_unspecified() || TcpListener::bind((ip, 0)).is_ok();
     upstream.iter().copied().find(|u| {
+        // Where a connect to `u` arrives: a v4-mapped address is the IPv4 one, and an
+        // unspecified one is this host's loopback.
+        let ip = match u.ip().to_canonical() {
+            IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        // An address of this host (bound with its scope, which a link-local one needs).
+        let local = || {
+            let probe = match u {
+                SocketAddr::V6(a) if ip.is_ipv6() => SocketAddr::V6(SocketAddrV6::new(ip_v6(ip), 0, 0, a.scope_id())),
+                _ => SocketAddr::new(ip, 0),
+            };
+            ip.is_loopback() || TcpListener::bind(probe).is_ok()
+        };
         listen.iter().any(|l| {
-            // `::` takes IPv4 connections too (unless bindv6only is set).
-            let family = l.is_ipv4() == u.is_ipv4() || l.ip().is_unspecified() && l.is_ipv6();
+            let at = l.ip().to_canonical();
             l.port() == u.port()
-                && family
-                && (l.ip() == u.ip()
-                    // Connecting to an unspecified address reaches this host's loopback.
-                    || u.ip().is_unspecified() && (l.ip().is_loopback() || l.ip().is_unspecified())
-                    || l.ip().is_unspecified() && local(u.ip()))
+                && (at == ip
+                    // `::` takes IPv4 connections too (unless bindv6only is set).
+                    || at.is_unspecified() && (at.is_ipv6() || ip.is_ipv4()) && local())
         })
     })
+}
+
+/// The IPv6 address of `ip` (mapped when it is IPv4).
+fn ip_v6(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
 }
 
 /// [`upstream_reaches_listen`]'s refusal.
@@ -430,6 +448,7 @@ pub fn upstream_is_listen(upstream: &str, addr: SocketAddr) -> String {
     )
 }
 
+/// Checks `host:port` and returns the port.
 fn check_host_port(field: &str, value: &str) -> Result<u16, ConfigError> {
     value
         .rsplit_once(':')
@@ -466,6 +485,17 @@ mod tests {
         assert!(!reaches("127.0.0.2:6432", "127.0.0.1:6432"), "another loopback address");
         assert!(!reaches("0.0.0.0:6432", "[::1]:6432"), "0.0.0.0 takes no IPv6");
         assert!(!reaches("0.0.0.0:6432", "192.0.2.1:6432"), "an address of another host");
+        // A v4-mapped address is the IPv4 one, either side.
+        assert!(reaches("127.0.0.1:6432", "[::ffff:127.0.0.1]:6432"));
+        assert!(reaches("[::ffff:127.0.0.1]:6432", "127.0.0.1:6432"));
+        assert!(reaches("0.0.0.0:6432", "[::ffff:127.0.0.1]:6432"));
+        // An unspecified upstream is the loopback address of its family, and only that.
+        assert!(reaches("[::1]:6432", "[::]:6432"));
+        assert!(
+            !reaches("127.0.0.2:6432", "0.0.0.0:6432"),
+            "0.0.0.0 reaches 127.0.0.1 only"
+        );
+        assert!(!reaches("[::1]:6432", "0.0.0.0:6432"));
         // Any of several resolved addresses.
         let found = upstream_reaches_listen(&[addr("127.0.0.1:6432")], &[addr("[::1]:6432"), addr("127.0.0.1:6432")]);
         assert_eq!(found, Some(addr("127.0.0.1:6432")));
