@@ -363,8 +363,8 @@ fn queries_before_on_conflict(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
     }
     let mut found = Vec::new();
     let mut levels = vec![Level::default()];
-    let mut tokens = Lexer::new(sql, lexing).peekable();
-    while let Some(t) = tokens.next() {
+    let tokens: Vec<Token> = Lexer::new(sql, lexing).collect();
+    for (i, t) in tokens.iter().enumerate() {
         if t.is_punct(b'(') {
             levels.push(Level::default());
             continue;
@@ -383,7 +383,14 @@ fn queries_before_on_conflict(sql: &str, lexing: Lexing) -> Vec<Range<usize>> {
             };
         } else if level.insert && level.query.is_none() && (t.is_word(sql, "select") || t.is_word(sql, "with")) {
             level.query = Some(t.span.start);
-        } else if t.is_word(sql, "on") && tokens.peek().is_some_and(|n| n.is_word(sql, "conflict")) {
+        } else if t.is_word(sql, "on")
+            && tokens.get(i + 1).is_some_and(|n| n.is_word(sql, "conflict"))
+            // `conflict` may name a table or column (`JOIN conflict ON conflict.id = …`): the
+            // clause goes on with its target or action.
+            && tokens
+                .get(i + 2)
+                .is_some_and(|n| n.is_punct(b'(') || n.is_word(sql, "on") || n.is_word(sql, "do"))
+        {
             if let Some(start) = level.query.take() {
                 found.push(start..t.span.start);
             }
@@ -888,6 +895,7 @@ mod tests {
             "INSERT INTO t (a) SELECT 1 RETURNING a",
             "INSERT INTO t (a) SELECT 'on conflict' -- on conflict",
             "SELECT 1 FROM a JOIN b ON conflict",
+            "INSERT INTO t (a) SELECT s.a FROM s JOIN conflict ON conflict.id = s.id",
         ] {
             assert!(matches!(for_sqlparser(sql, on), Cow::Borrowed(_)), "{sql}");
         }

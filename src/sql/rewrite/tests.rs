@@ -433,6 +433,13 @@ fn an_insert_select_list_before_on_conflict_is_rewritten() {
             "INSERT INTO sweep_state (id, note) SELECT 1, 'a' ON CONFLICT DO NOTHING",
             "INSERT INTO sweep_state (id, note, last_epoch) SELECT 1, 'a', {N} ON CONFLICT DO NOTHING",
         ),
+        (
+            // `conflict` as a table name in a join before the clause.
+            "INSERT INTO sweep_state (id, note) SELECT s.id, 'j' FROM s JOIN conflict ON conflict.id = s.id \
+             ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT s.id, 'j', {N} FROM s JOIN conflict ON \
+             conflict.id = s.id ON CONFLICT (id) DO NOTHING",
+        ),
     ] {
         assert_eq!(rw(input), Ok(want.replace("{N}", "7::pgfence.epoch")), "{input}");
     }
