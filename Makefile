@@ -66,13 +66,13 @@ $(DRIVERS)/node_modules/.package-lock.json: $(DRIVERS)/package.json $(DRIVERS)/p
 	@touch $@
 
 # pgjdbc from Debian's package (Maven Central is not reachable from CI); the JDK is on the
-# machine image, else Debian's default one.
+# machine image, else Debian's default one (a JRE alone cannot run a single-file program).
 JDBC_JAR := /usr/share/java/postgresql.jar
 setup-java:
-	@if command -v java >/dev/null && [ -f $(JDBC_JAR) ]; then \
+	@if command -v javac >/dev/null && [ -f $(JDBC_JAR) ]; then \
 	  echo "jdbc: $(JDBC_JAR)"; \
 	else \
-	  $(apt_update); $(APT_INSTALL) libpostgresql-jdbc-java $$(command -v java >/dev/null || echo default-jdk-headless); \
+	  $(apt_update); $(APT_INSTALL) libpostgresql-jdbc-java $$(command -v javac >/dev/null || echo default-jdk-headless); \
 	fi
 
 ## build, test, lint -----------------------------------------------------------------------------
