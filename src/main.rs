@@ -280,15 +280,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// SIGTERM drains; SIGINT (or a second SIGTERM) exits fast. SIGHUP, which PgBouncer and
-/// Postgres take as "reload", would otherwise end the process and drop every session: it is
-/// logged and ignored, since pgfence reads its config only at start.
+/// SIGTERM drains; SIGINT, SIGQUIT (Postgres' immediate shutdown) or a second SIGTERM exit
+/// fast. SIGHUP, which PgBouncer and Postgres take as "reload", and SIGUSR1/SIGUSR2,
+/// PgBouncer's PAUSE and RESUME, would otherwise end the process and drop every session
+/// without a word: they are logged and ignored, since pgfence reads its config only at start
+/// and has no pause.
 async fn signals(shutdown: Shutdown) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup), Ok(mut usr1), Ok(mut usr2)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::quit()),
         signal(SignalKind::hangup()),
+        signal(SignalKind::user_defined1()),
+        signal(SignalKind::user_defined2()),
     ) else {
         tracing::error!("cannot install signal handlers");
         return;
@@ -298,8 +303,17 @@ async fn signals(shutdown: Shutdown) {
         let sigterm = tokio::select! {
             _ = term.recv() => true,
             _ = int.recv() => false,
+            _ = quit.recv() => false,
             _ = hup.recv() => {
                 tracing::warn!("SIGHUP ignored: pgfence reads its config only at start; restart it to apply a changed config");
+                continue;
+            }
+            _ = usr1.recv() => {
+                tracing::warn!("SIGUSR1 ignored: pgfence has no pause (SIGTERM drains, SIGINT closes)");
+                continue;
+            }
+            _ = usr2.recv() => {
+                tracing::warn!("SIGUSR2 ignored: pgfence has no pause to resume from");
                 continue;
             }
         };
@@ -314,7 +328,7 @@ async fn signals(shutdown: Shutdown) {
             if draining {
                 "second signal: closing"
             } else {
-                "SIGINT: closing"
+                "SIGINT or SIGQUIT: closing"
             }
         );
         break;

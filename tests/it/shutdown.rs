@@ -126,7 +126,8 @@ const ASK_PASSWORD: &[u8] = b"R\0\0\0\x08\0\0\0\x03";
 #[tokio::test]
 async fn clients_still_logging_in_do_not_hold_up_shutdown() {
     let upstream = silent_upstream(ASK_PASSWORD).await;
-    for signal in ["TERM", "INT"] {
+    // SIGQUIT, Postgres' immediate shutdown, closes as SIGINT does.
+    for signal in ["TERM", "INT", "QUIT"] {
         let mut proxy = ProxyProcess::start_for(upstream, "shutdown_grace = 30");
         // One client connected and said nothing (a health check); one is asked for its
         // password and does not answer.
@@ -189,22 +190,30 @@ async fn a_client_that_stops_reading_does_not_hold_up_shutdown() {
     }
 }
 
+/// SIGHUP (reload, to PgBouncer and Postgres) and SIGUSR1/SIGUSR2 (PgBouncer's PAUSE and
+/// RESUME) would end the process by default, dropping every session without a word.
 #[tokio::test]
-async fn sighup_is_ignored_and_sessions_carry_on() {
+async fn sighup_and_sigusr_are_ignored_and_sessions_carry_on() {
     let cluster = Cluster::shared();
     let db = cluster.fresh_db().await;
     let mut proxy = ProxyProcess::start_for(cluster.port(), "");
     let session = connect(proxy.port(), &db, "").await;
-    proxy.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(proxy.try_wait().is_none(), "SIGHUP ended the proxy:\n{}", proxy.log());
-    session.simple_query("SELECT 1").await.unwrap();
-    connect(proxy.port(), &db, "")
-        .await
-        .simple_query("SELECT 1")
-        .await
-        .unwrap();
-    assert!(proxy.log().contains("SIGHUP ignored"), "{}", proxy.log());
+    for signal in ["HUP", "USR1", "USR2"] {
+        proxy.signal(signal);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            proxy.try_wait().is_none(),
+            "SIG{signal} ended the proxy:\n{}",
+            proxy.log()
+        );
+        session.simple_query("SELECT 1").await.unwrap();
+        connect(proxy.port(), &db, "")
+            .await
+            .simple_query("SELECT 1")
+            .await
+            .unwrap();
+        assert!(proxy.log().contains(&format!("SIG{signal} ignored")), "{}", proxy.log());
+    }
 }
 
 /// A login through `proxy` that must fail; its error.
