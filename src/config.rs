@@ -93,8 +93,13 @@ pub struct Fence {
     pub name: String,
     /// Only this database, or any.
     pub database: Option<String>,
-    /// Normalised, schema-qualified table names.
+    /// Normalised, schema-qualified table names: the ones configured, then
+    /// [`Self::as_written`].
     pub tables: Vec<TableName>,
+    /// Tables fenced too because a configured name has unquoted capitals: `Inv` names
+    /// `public.inv`, as in SQL, and also `public."Inv"`, the table a user who copied a
+    /// mixed-case name most likely meant. Fencing both fails closed; a warning says so.
+    pub as_written: Vec<(String, TableName)>,
     /// Enforcement mode.
     pub mode: Mode,
     /// Epoch column (rewrite mode), normalised.
@@ -149,6 +154,19 @@ impl Config {
                 )
             })
             .collect();
+        for f in &self.fences {
+            for (input, kept) in &f.as_written {
+                let folded = TableName::parse_config(input)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                out.push(format!(
+                    "fence {:?}: table name {input} has capitals without quotes, so it names {folded} as in SQL; \
+                     pgfence fences {kept} too, as written: quote the name in the config (for example '{kept}') \
+                     or write it in lower case to fence one table",
+                    f.name
+                ));
+            }
+        }
         // An unqualified name in SQL matches a fenced table of that name in any schema.
         for f in &self.fences {
             let Some(lease) = &f.lease else { continue };
@@ -305,11 +323,20 @@ impl RawFence {
                 "database is longer than {MAX_NAME_BYTES} bytes, the most a Postgres name holds"
             )));
         }
-        let tables = self
+        let mut tables = self
             .tables
             .iter()
             .map(|t| TableName::parse_config(t).map_err(|e| invalid(e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut as_written = Vec::new();
+        for input in &self.tables {
+            if let Some(t) = TableName::parse_config_as_written(input)
+                && !tables.contains(&t)
+            {
+                tables.push(t.clone());
+                as_written.push((input.clone(), t));
+            }
+        }
         let epoch_column = match (self.mode, &self.epoch_column) {
             (Mode::Rewrite, None) => return Err(invalid("mode = \"rewrite\" needs epoch_column".into())),
             (_, Some(c)) => Some(normalise_column(c).ok_or_else(|| invalid(format!("invalid epoch_column {c:?}")))?),
@@ -322,10 +349,16 @@ impl RawFence {
                 row: l.row.clone().unwrap_or_else(|| self.name.clone()),
             }),
         };
+        if lease.as_ref().is_some_and(|l| l.row.is_empty()) {
+            return Err(invalid(
+                "lease: row must name the lease row (leave it out to use the fence's name)".into(),
+            ));
+        }
         Ok(Fence {
             name: self.name,
             database: self.database,
             tables,
+            as_written,
             mode: self.mode,
             epoch_column,
             lease,
@@ -372,6 +405,19 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
                 }
             }
             owners.push((&f.name, f.database.as_deref()));
+        }
+    }
+    // One fence, one lease: two fences fed by one lease row would share its epochs, and
+    // the row's trigger keeps the HWM of one fence only.
+    for (i, f) in fences.iter().enumerate() {
+        let Some(lease) = &f.lease else { continue };
+        if let Some(g) = fences[..i].iter().find(|g| {
+            g.lease.as_ref() == Some(lease) && databases_overlap(g.database.as_deref(), f.database.as_deref())
+        }) {
+            return Err(ConfigError::Invalid(format!(
+                "fence {:?}: lease row {:?} of {} is already the lease of fence {:?}; each fence needs a lease row of its own",
+                f.name, lease.row, lease.table, g.name
+            )));
         }
     }
     // Taking or renewing a lease must not itself need an epoch: a fenced lease table
@@ -587,6 +633,20 @@ mod tests {
                 "[[fence]]\nname = \"a\"\ntables = [\"t\", \"public.T\"]",
                 "fence \"a\" lists table public.t twice",
             ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\nrow = \"\"",
+                "fence \"a\": lease: row must name the lease row",
+            ),
+            (
+                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\nrow = \"x\"\n\
+                 [[fence]]\nname = \"b\"\ntables = [\"u\"]\n[fence.lease]\ntable = \"public.leases\"\nrow = \"x\"",
+                "fence \"b\": lease row \"x\" of public.leases is already the lease of fence \"a\"",
+            ),
+            (
+                "[[fence]]\nname = \"x\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\n\
+                 [[fence]]\nname = \"b\"\ntables = [\"u\"]\n[fence.lease]\ntable = \"leases\"\nrow = \"x\"",
+                "fence \"b\": lease row \"x\" of public.leases is already the lease of fence \"x\"",
+            ),
         ];
         for (text, expect) in cases {
             let err = parse(text).unwrap_err().to_string();
@@ -618,6 +678,35 @@ mod tests {
         assert!(warnings[0].contains("fence \"a\": epoch_column"), "{warnings:?}");
         let rewrite = format!("{fence}mode = \"rewrite\"\n");
         assert!(parse(&rewrite).unwrap().warnings().is_empty());
+    }
+
+    #[test]
+    fn an_unquoted_name_with_capitals_fences_the_table_spelled_as_written_too() {
+        let config = parse("[[fence]]\nname = \"a\"\ntables = [\"Inv\", \"billing.ledger\"]").unwrap();
+        let names: Vec<String> = config.fences[0].tables.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["public.inv", "billing.ledger", "public.\"Inv\""]);
+        let warnings = config.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("table name Inv has capitals without quotes, so it names public.inv")
+                && warnings[0].contains("fences public.\"Inv\" too"),
+            "{warnings:?}"
+        );
+        // Named both ways, or quoted, or in lower case: one table each, and no warning.
+        for tables in ["\"Inv\", \"\\\"Inv\\\"\"", "\"\\\"Inv\\\"\"", "\"inv\""] {
+            let config = parse(&format!("[[fence]]\nname = \"a\"\ntables = [{tables}]")).unwrap();
+            assert!(config.warnings().is_empty(), "{tables}");
+            assert!(config.fences[0].as_written.is_empty(), "{tables}");
+        }
+        // The table as written belongs to this fence: another fence cannot claim it.
+        let err =
+            parse("[[fence]]\nname = \"a\"\ntables = [\"Inv\"]\n[[fence]]\nname = \"b\"\ntables = [\"\\\"Inv\\\"\"]")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("table public.\"Inv\" belongs to fence \"a\" and fence \"b\""),
+            "{err}"
+        );
     }
 
     #[test]

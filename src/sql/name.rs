@@ -42,11 +42,24 @@ impl TableName {
             input: input.to_owned(),
             reason,
         };
-        let parts = split_identifiers(input).map_err(err)?;
+        Self::from_parts(split_identifiers(input, true).map_err(err)?)
+            .ok_or_else(|| err("expected `table` or `schema.table`"))
+    }
+
+    /// The table a configured name means when its unquoted parts keep the case they are
+    /// written in (`Inv` as `"Inv"`), if that differs from [`Self::parse_config`]'s: the
+    /// spelling of a mixed-case table as `\d` lists it, which SQL would fold to another name.
+    pub fn parse_config_as_written(input: &str) -> Option<Self> {
+        let kept = Self::from_parts(split_identifiers(input, false).ok()?)?;
+        (Self::parse_config(input).ok()? != kept).then_some(kept)
+    }
+
+    /// `[table]` (in `public`) or `[schema, table]`.
+    fn from_parts(parts: Vec<String>) -> Option<Self> {
         match parts.as_slice() {
-            [name] => Ok(Self::new(Some("public"), name)),
-            [schema, name] => Ok(Self::new(Some(schema), name)),
-            _ => Err(err("expected `table` or `schema.table`")),
+            [name] => Some(Self::new(Some("public"), name)),
+            [schema, name] => Some(Self::new(Some(schema), name)),
+            _ => None,
         }
     }
 
@@ -86,8 +99,9 @@ fn write_ident(f: &mut fmt::Formatter<'_>, ident: &str) -> fmt::Result {
     }
 }
 
-/// Splits `a.b` / `"A"."b.c"` into normalised identifiers.
-fn split_identifiers(input: &str) -> Result<Vec<String>, &'static str> {
+/// Splits `a.b` / `"A"."b.c"` into normalised identifiers; with `fold` false, unquoted
+/// ones keep the case they are written in.
+fn split_identifiers(input: &str, fold: bool) -> Result<Vec<String>, &'static str> {
     let mut parts = Vec::new();
     let mut chars = input.trim().chars().peekable();
     loop {
@@ -115,7 +129,7 @@ fn split_identifiers(input: &str) -> Result<Vec<String>, &'static str> {
                 }
                 // Postgres folds only ASCII letters in UTF-8 databases
                 // (`CAFÉ` is `cafÉ`); Unicode folding would name another table.
-                ident.push(c.to_ascii_lowercase());
+                ident.push(if fold { c.to_ascii_lowercase() } else { c });
                 chars.next();
             }
         }
@@ -150,6 +164,19 @@ mod tests {
             let t = TableName::parse_config(input).unwrap();
             assert_eq!((t.schema.as_deref(), t.name.as_str()), (Some(schema), name), "{input}");
         }
+    }
+
+    #[test]
+    fn config_names_as_written_keep_the_case_of_unquoted_parts() {
+        let kept = |input| TableName::parse_config_as_written(input).map(|t| t.to_string());
+        assert_eq!(kept("Inv").as_deref(), Some("public.\"Inv\""));
+        assert_eq!(kept("Billing.Invoices").as_deref(), Some("\"Billing\".\"Invoices\""));
+        assert_eq!(kept("billing.\"Inv\"").as_deref(), None);
+        assert_eq!(kept("\"Billing\".invoices").as_deref(), None);
+        assert_eq!(kept("Billing.\"Inv\"").as_deref(), Some("\"Billing\".\"Inv\""));
+        assert_eq!(kept("invoices"), None);
+        assert_eq!(kept("CAFÉ").as_deref(), Some("public.\"CAFÉ\""));
+        assert_eq!(kept("a b"), None);
     }
 
     #[test]

@@ -652,3 +652,45 @@ async fn a_column_named_execute_hides_no_write() {
         }
     }
 }
+
+/// A configured name with capitals and no quotes (`Sweep_Log`) names `sweep_log`, as in SQL,
+/// and the table created as `"Sweep_Log"` too, the one its writer most likely meant: both
+/// are fenced. Control: straight to Postgres the stale writes land in both.
+#[tokio::test]
+async fn a_configured_name_with_capitals_fences_the_table_spelled_as_written_too() {
+    let toml = "[[fence]]\nname = \"sweeper\"\ntables = [\"sweep_state\", \"Sweep_Log\"]\n";
+    let f = Fixture::with(crate::common::pg::Cluster::shared(), toml).await;
+    f.admin
+        .batch_execute("CREATE TABLE \"Sweep_Log\" (id int, note text); CREATE TABLE sweep_log (id int, note text);")
+        .await
+        .unwrap();
+    let current = f.leader(2).await;
+    current
+        .execute("UPDATE sweep_state SET note = 'b' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    let stale = f.leader(1).await;
+    let none = f.session("").await;
+    let writes = [
+        "INSERT INTO \"Sweep_Log\" VALUES (1, 'stale')",
+        "INSERT INTO public.\"Sweep_Log\" VALUES (1, 'stale')",
+        "INSERT INTO sweep_log VALUES (1, 'stale')",
+        "INSERT INTO Sweep_Log VALUES (1, 'stale')",
+    ];
+    for sql in writes {
+        assert_eq!(code(&stale.simple_query(sql).await), "PF001", "{sql}");
+        assert_eq!(code(&none.execute(sql, &[]).await), "PF002", "{sql}");
+    }
+    let count = "SELECT (SELECT count(*) FROM \"Sweep_Log\") + (SELECT count(*) FROM sweep_log)";
+    let landed: i64 = f.admin.query_one(count, &[]).await.unwrap().get(0);
+    assert_eq!(landed, 0);
+    current.execute(writes[0], &[]).await.unwrap();
+    current.execute(writes[2], &[]).await.unwrap();
+    // Control: straight to Postgres, the stale session's writes land in both tables.
+    let direct = f.direct().await;
+    for sql in writes {
+        direct.execute(sql, &[]).await.unwrap();
+    }
+    let landed: i64 = f.admin.query_one(count, &[]).await.unwrap().get(0);
+    assert_eq!(landed, 2 + writes.len() as i64);
+}
