@@ -93,16 +93,17 @@ const BOOTSTRAP: &str = "CREATE SCHEMA IF NOT EXISTS pgfence; \
 /// Why [`install`] failed; the transaction was rolled back, nothing changed.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    /// A statement failed (connection lost, missing privilege, …).
+    /// A statement failed (connection lost, missing privilege, …). The message says all
+    /// of it: as a source too, the error would be printed twice in a chain.
     #[error("{}", pg_message(.0))]
-    Postgres(#[from] tokio_postgres::Error),
+    Postgres(tokio_postgres::Error),
     /// A migration script failed.
-    #[error("applying pgfence schema migration {name}: {}", pg_message(.source))]
+    #[error("applying pgfence schema migration {name}: {}", pg_message(.cause))]
     Migration {
         /// The migration's name, e.g. `0001_init`.
         name: &'static str,
-        /// The error.
-        source: tokio_postgres::Error,
+        /// The error (not a source, for the same reason).
+        cause: tokio_postgres::Error,
     },
     /// The database was initialised by a newer pgfence.
     #[error(
@@ -131,6 +132,12 @@ pub enum InstallError {
 }
 
 /// Postgres' own message (with detail and hint) when there is one.
+impl From<tokio_postgres::Error> for InstallError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Postgres(e)
+    }
+}
+
 fn pg_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
@@ -178,7 +185,7 @@ pub async fn install(client: &mut Client, fences: &[Fence]) -> Result<InstallRep
     for m in MIGRATIONS.iter().filter(|m| m.version > version_before) {
         tx.batch_execute(m.sql)
             .await
-            .map_err(|source| InstallError::Migration { name: m.name, source })?;
+            .map_err(|cause| InstallError::Migration { name: m.name, cause })?;
         tx.execute(
             "INSERT INTO pgfence.schema_version (version, name) VALUES ($1, $2)",
             &[&m.version, &m.name],

@@ -159,6 +159,26 @@ async fn init_twice_via_the_command_line() {
     );
 }
 
+/// A role that may not create the schema is told so once, with the SQLSTATE.
+#[tokio::test]
+async fn init_without_the_privilege_says_why_once() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let admin = cluster.admin(&db).await;
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS pgfence_nocreate; CREATE ROLE pgfence_nocreate LOGIN; \
+             REVOKE CREATE ON DATABASE {db} FROM PUBLIC"
+        ))
+        .await
+        .unwrap();
+    let url = format!("postgres://pgfence_nocreate@127.0.0.1:{}/{db}", cluster.port());
+    let (ok, text) = pgfence_async(&["init", "--database-url", &url]).await;
+    assert!(!ok, "{text}");
+    assert_eq!(text.matches("permission denied for database").count(), 1, "{text}");
+    assert!(text.contains("(42501)"), "{text}");
+}
+
 #[test]
 fn serve_with_a_bad_config_exits_non_zero() {
     let (ok, text) = pgfence(&["serve", "--config", &write_config("bogus = true\n")]);
