@@ -407,19 +407,6 @@ fn check_fences(fences: &[Fence]) -> Result<(), ConfigError> {
             owners.push((&f.name, f.database.as_deref()));
         }
     }
-    // One fence, one lease: two fences fed by one lease row would share its epochs, and
-    // the row's trigger keeps the HWM of one fence only.
-    for (i, f) in fences.iter().enumerate() {
-        let Some(lease) = &f.lease else { continue };
-        if let Some(g) = fences[..i].iter().find(|g| {
-            g.lease.as_ref() == Some(lease) && databases_overlap(g.database.as_deref(), f.database.as_deref())
-        }) {
-            return Err(ConfigError::Invalid(format!(
-                "fence {:?}: lease row {:?} of {} is already the lease of fence {:?}; each fence needs a lease row of its own",
-                f.name, lease.row, lease.table, g.name
-            )));
-        }
-    }
     // Taking or renewing a lease must not itself need an epoch: a fenced lease table
     // would refuse every acquisition (PF002, then PF003), and nobody could lead again.
     for f in fences {
@@ -636,16 +623,6 @@ mod tests {
             (
                 "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\nrow = \"\"",
                 "fence \"a\": lease: row must name the lease row",
-            ),
-            (
-                "[[fence]]\nname = \"a\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\nrow = \"x\"\n\
-                 [[fence]]\nname = \"b\"\ntables = [\"u\"]\n[fence.lease]\ntable = \"public.leases\"\nrow = \"x\"",
-                "fence \"b\": lease row \"x\" of public.leases is already the lease of fence \"a\"",
-            ),
-            (
-                "[[fence]]\nname = \"x\"\ntables = [\"t\"]\n[fence.lease]\ntable = \"leases\"\n\
-                 [[fence]]\nname = \"b\"\ntables = [\"u\"]\n[fence.lease]\ntable = \"leases\"\nrow = \"x\"",
-                "fence \"b\": lease row \"x\" of public.leases is already the lease of fence \"x\"",
             ),
         ];
         for (text, expect) in cases {
