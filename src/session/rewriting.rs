@@ -208,21 +208,26 @@ impl Dispatcher {
             self.rewrite_budget.set(budget - stmt_sql.len());
         }
         let declared = self.declared();
+        // As reject mode's PF004 says it: the fence, and the epoch when there is one.
+        let refused = |u: crate::sql::rewrite::Unsupported, fence: FenceId| {
+            let at = declared.epoch.map(|e| format!(" at epoch {e}")).unwrap_or_default();
+            unanalysable(
+                fence,
+                format!("{} (fence \"{}\"); refused{at}", u.reason, name(fence)),
+                u.hint,
+            )
+        };
         // Whether it can be rewritten does not depend on the epoch: check it first.
         let probe = declared.epoch.unwrap_or(Epoch::MIN);
         if let Some(Err(u)) = self.fences.rewrite(first, stmt_sql, probe, self.scs) {
-            return Plan::Reject(unanalysable(
-                first,
-                format!("{} (fence \"{}\"); refused", u.reason, name(first)),
-                u.hint,
-            ));
+            return Plan::Reject(refused(u, first));
         }
         let (names, applicable) = (&self.fences.names, &self.fences.applicable);
         match policy::decide(Access::Write(fences), declared, names, applicable) {
             Decision::Reject(r) => Plan::Reject(r),
             Decision::Guard { fence, epoch } => match self.fences.rewrite(fence, stmt_sql, epoch, self.scs) {
                 Some(Ok(text)) => Plan::Rewrite { fence, epoch, text },
-                Some(Err(u)) => Plan::Reject(unanalysable(fence, u.reason, u.hint)),
+                Some(Err(u)) => Plan::Reject(refused(u, fence)),
                 None => Plan::NotRewrite,
             },
         }

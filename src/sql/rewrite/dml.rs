@@ -34,7 +34,7 @@ pub(super) type Res = Result<(), Unsupported>;
 
 /// An [`Unsupported`] for a statement shape the rewriter does not handle.
 pub(super) fn shape(what: &str) -> Unsupported {
-    Unsupported::new(format!("pgfence cannot rewrite this statement soundly: {what}"))
+    Unsupported::new(format!("pgfence: cannot rewrite this statement soundly: {what}"))
 }
 
 /// "a TRUNCATE statement", "an EXPLAIN statement".

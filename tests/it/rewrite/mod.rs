@@ -153,7 +153,15 @@ async fn rewrite_refusals_pf002_pf003_pf004() {
         let r = s.batch_execute(sql).await;
         assert_eq!(code(&r), "PF004", "{sql}");
         let e = r.unwrap_err();
-        assert!(e.as_db_error().unwrap().hint().is_some(), "{sql}: {e:?}");
+        let db = e.as_db_error().unwrap();
+        assert!(db.hint().is_some(), "{sql}: {e:?}");
+        // Worded as reject mode's PF004: the fence, and the session's epoch.
+        let message = db.message();
+        assert!(
+            message.starts_with("pgfence: ")
+                && message.contains(&format!("(fence \"sweeper\"); refused at epoch {e1}")),
+            "{sql}: {message}"
+        );
     }
     // PF004 wins over PF002.
     assert_eq!(code(&none.batch_execute("TRUNCATE sweep_state").await), "PF004");
