@@ -131,13 +131,13 @@ pub enum InstallError {
     },
 }
 
-/// Postgres' own message (with detail and hint) when there is one.
 impl From<tokio_postgres::Error> for InstallError {
     fn from(e: tokio_postgres::Error) -> Self {
         Self::Postgres(e)
     }
 }
 
+/// Postgres' own message (with detail and hint) when there is one.
 fn pg_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
