@@ -135,6 +135,34 @@ async fn epoch_zero_in_the_first_term_follows_the_model() {
     run_case(&f, &ops).await;
 }
 
+/// One session's transaction is past the guard when the other writes: the driver must not
+/// wait on that write (it would wait forever for a COMMIT it has not sent yet).
+#[tokio::test]
+async fn a_write_behind_an_open_guarded_transaction_does_not_stall_the_model() {
+    let f = Fixture::new().await;
+    let set = |session| Op::Set {
+        session,
+        offset: 0,
+        local: false,
+    };
+    let write = |session| Op::Write {
+        session,
+        extended: false,
+    };
+    let ops = [
+        set(0),
+        set(1),
+        Op::Begin { session: 0 },
+        write(0),
+        write(1),
+        Op::Commit { session: 0 },
+        write(1),
+    ];
+    tokio::time::timeout(std::time::Duration::from_secs(60), run_case(&f, &ops))
+        .await
+        .expect("the model waited on a blocked write");
+}
+
 async fn run_case(f: &Fixture, ops: &[Op]) {
     let mut lease = take_lease(&f.admin, "model").await;
     let mut clients = vec![f.session("").await, f.session("").await];
@@ -193,6 +221,15 @@ async fn run_case(f: &Fixture, ops: &[Op]) {
                 model[session].end(commit);
             }
             Op::Write { session, extended } => {
+                // A write that reaches the guard while the other session's transaction is
+                // past it waits for that transaction (the row's lock, and the fence row's when
+                // that one raised the HWM), which this sequential driver would never end:
+                // the model skips it (waiting is tested elsewhere). PF002 and 25P02 are
+                // decided before the guard and still run.
+                let (m, other) = (&model[session], &model[1 - session]);
+                if other.guarded && !m.failed && m.current().is_some() {
+                    continue;
+                }
                 let sql = "UPDATE sweep_state SET note = 'model' WHERE id = 1";
                 let c = &clients[session];
                 let r = if extended {
