@@ -166,7 +166,18 @@ pub async fn install(client: &mut Client, fences: &[Fence]) -> Result<InstallRep
     // `IF NOT EXISTS` and `DROP … IF EXISTS` would otherwise log a NOTICE each time.
     tx.batch_execute("SET LOCAL client_min_messages = warning").await?;
     tx.batch_execute(INSTALL_LOCK).await?;
-    tx.batch_execute(BOOTSTRAP).await?;
+    // Only when missing: `CREATE SCHEMA IF NOT EXISTS` asks for CREATE on the database
+    // first, so a role without it could not even learn that the schema is up to date.
+    let bootstrapped: bool = tx
+        .query_one(
+            "SELECT pg_catalog.to_regclass('pgfence.schema_version') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if !bootstrapped {
+        tx.batch_execute(BOOTSTRAP).await?;
+    }
     let database: String = tx
         .query_one("SELECT pg_catalog.current_database()::text", &[])
         .await?

@@ -159,9 +159,10 @@ async fn init_twice_via_the_command_line() {
     );
 }
 
-/// A role that may not create the schema is told so once, with the SQLSTATE.
+/// A role that may not create the schema is told so once, with the SQLSTATE; once it is
+/// installed, the same role finds it up to date.
 #[tokio::test]
-async fn init_without_the_privilege_says_why_once() {
+async fn init_without_the_privilege_says_why_once_and_finds_an_installed_schema_up_to_date() {
     let cluster = Cluster::shared();
     let db = cluster.fresh_db().await;
     let admin = cluster.admin(&db).await;
@@ -177,6 +178,13 @@ async fn init_without_the_privilege_says_why_once() {
     assert!(!ok, "{text}");
     assert_eq!(text.matches("permission denied for database").count(), 1, "{text}");
     assert!(text.contains("(42501)"), "{text}");
+    // Once installed by a role that may, the schema is up to date for this one too: it
+    // needs no privilege to learn that.
+    let owner = format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
+    let (ok, text) = pgfence_async(&["init", "--database-url", &owner]).await;
+    assert!(ok, "{text}");
+    let (ok, text) = pgfence_async(&["init", "--database-url", &url]).await;
+    assert!(ok && text.contains("up to date (version"), "{text}");
 }
 
 #[test]
