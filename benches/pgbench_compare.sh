@@ -11,6 +11,9 @@
 #   TARGETS="direct pgbouncer" ...             # without pgfence
 #   TARGETS="pgfence noop fenced" WORKLOADS=tpcb-like ...
 #                                              # fencing against its floor (see "noop" below)
+#   TARGETS="pgfence fenced handguard rewrite handrewrite" WORKLOADS=tpcb-like ...
+#                                              # what Postgres costs for the same SQL sent by the
+#                                              # client itself (see "handguard" below)
 #
 # What it does, and why:
 # - Throughput: pgbench (scale 10, c=8 j=2) for select-only (-S) and tpcb-like, each in
@@ -42,6 +45,14 @@
 #   (a pgbench pipeline, prepared). No check that Postgres runs in the writer's transaction can
 #   cost less than that statement, so noop/pgfence bounds what fenced/pgfence can reach here.
 #   Not with -M extended, where pgbench would parse the empty statement anew each time.
+# - What Postgres itself costs for the work fencing adds, with pgfence doing nothing (targets
+#   "handguard" and "handrewrite", tpcb-like, through the unfenced pgfence): the client sends,
+#   itself, the guard call that fenced's sessions get (-M simple and -M prepared, placed as for
+#   noop; needs the fenced target, which registers the fence), or the accounts UPDATE written
+#   exactly as rewrite mode rewrites it (every mode; needs the rewrite target). Then
+#   handguard/pgfence and handrewrite/pgfence are what the SQL costs in Postgres, and
+#   fenced/handguard and rewrite/handrewrite what pgfence adds on top: its analysis, its
+#   rewriting, and the replies it swallows.
 # - Memory: RSS growth of each middleware with IDLE_SESSIONS (500) idle sessions open.
 #
 # Settings (environment): ROUNDS (5), DURATION seconds per run (10), LATENCY_DURATION (DURATION; 0 skips),
@@ -151,8 +162,16 @@ if has_target pgbouncer; then
   BOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
   [ -x "$BOUNCER" ] || die "pgbouncer not installed (run: make bench-setup)"
 fi
-if has_target noop && ! has_target pgfence; then
-  die "target noop runs through the pgfence target's proxy: add pgfence to TARGETS"
+for target in noop handguard handrewrite; do
+  if has_target "$target" && ! has_target pgfence; then
+    die "target $target runs through the pgfence target's proxy: add pgfence to TARGETS"
+  fi
+done
+if has_target handguard && { ! has_target fenced || [ "$FENCE_LEASE" = 1 ]; }; then
+  die "target handguard calls the guard of the fenced target's fence, without a lease: add fenced to TARGETS, FENCE_LEASE=0"
+fi
+if has_target handrewrite && ! has_target rewrite; then
+  die "target handrewrite writes the rewrite target's epoch column: add rewrite to TARGETS"
 fi
 if has_target pgfence || has_target fenced || has_target rewrite; then
   if [ ! -x "$PGFENCE_BIN" ]; then
@@ -361,12 +380,25 @@ $noop_first
 \\endpipeline
 $noop_rest
 SQL
+# The handguard target's: the same, with the guard call fenced's sessions get (epoch 1, no
+# lease) in place of the empty statement.
+hand_guard="SELECT pgfence.guard('pgbench', 1, NULL, true)"
+sed "s/^PREPARE noop_check AS SELECT 1;/PREPARE noop_check AS $hand_guard;/" "$WORK/noop.sql" >"$WORK/handguard.sql"
+sed "s/^SELECT 1;/$hand_guard;/" "$WORK/noop-pipeline.sql" >"$WORK/handguard-pipeline.sql"
+# The handrewrite target's: pgbench's tpcb-like with the accounts UPDATE as rewrite mode sends it
+# for epoch 1 (the unit tests of src/sql/rewrite pin that form).
+cat >"$WORK/handrewrite.sql" <<SQL
+$noop_vars
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + :delta, last_epoch = 1::pgfence.epoch WHERE (aid = :aid) AND coalesce(pgbench_accounts.last_epoch, 0) <= 1::pgfence.epoch;
+$noop_rest
+SQL
 
 port_of() {
-  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence | noop) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
+  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence | noop | handguard | handrewrite) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
 }
 pid_of() {
-  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence | noop) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
+  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence | noop | handguard | handrewrite) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
 }
 
 # run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks server_cpu_ticks
@@ -418,14 +450,20 @@ for ((round = 1; round <= ROUNDS; round++)); do
       for target in $(rotated "$round" "$k"); do
         args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
         [ "$workload" != select-only ] || args+=(-S)
-        if [ "$target" = noop ]; then
-          [ "$workload" = tpcb-like ] || continue
-          case $mode in
-            simple) args+=(-f "$WORK/noop.sql" -D noop_prepared=0 -s "$SCALE") ;;
-            prepared) args+=(-f "$WORK/noop-pipeline.sql" -s "$SCALE") ;;
-            *) continue ;;
-          esac
-        fi
+        case $target in
+          noop | handguard)
+            [ "$workload" = tpcb-like ] || continue
+            case $mode in
+              simple) args+=(-f "$WORK/$target.sql" -D noop_prepared=0 -s "$SCALE") ;;
+              prepared) args+=(-f "$WORK/$target-pipeline.sql" -s "$SCALE") ;;
+              *) continue ;;
+            esac
+            ;;
+          handrewrite)
+            [ "$workload" = tpcb-like ] || continue
+            args+=(-f "$WORK/handrewrite.sql" -s "$SCALE")
+            ;;
+        esac
         out=$(run_pgbench "$target" "${args[@]}")
         read -r tps tx ticks server sys <<<"$out"
         printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$workload" "$mode" "$target" "$tps" "$tx" "$ticks" "$server" "$sys" >>"$RESULTS"
@@ -447,7 +485,7 @@ if [ "$ROUNDS" -gt 0 ] && [ "$LATENCY_DURATION" != 0 ]; then
   log "latency: c=1 -S -M prepared, pinned to CPU 0, ${LATENCY_DURATION}s per run"
   for ((round = 1; round <= ROUNDS; round++)); do
     for target in $(rotated "$round" 0); do
-      [ "$target" != noop ] || continue
+      case $target in noop | handguard | handrewrite) continue ;; esac
       prefix=$WORK/lat-$target-$round
       out=$(run_pgbench "$target" taskset -c 0 "$PGBENCH" -c 1 -j 1 -S -M prepared \
         -T "$LATENCY_DURATION" -l --log-prefix="$prefix")
@@ -483,7 +521,7 @@ if [ "$IDLE_SESSIONS" -gt 0 ]; then
   # Each client runs one query and then sleeps: a session that has been used, now idle.
   printf 'SELECT 1;\n\\sleep 600 s\n' >"$WORK/idle.sql"
   for target in "${TARGETS[@]}"; do
-    [ "$target" != direct ] && [ "$target" != noop ] || continue
+    case $target in direct | noop | handguard | handrewrite) continue ;; esac
     pid=$(pid_of "$target")
     drop_pool "$target"
     base=$(client_backends)
@@ -549,7 +587,9 @@ for rnd, workload, mode, target, tps, tx, ticks, server, sys_ticks in rows(resul
     runs[(workload, mode)][rnd][target] = (float(tps), cpu_us(ticks, tx), cpu_us(server, tx), cpu_us(sys_ticks, tx))
 
 pairs = [(a, b) for a, b in [("pgbouncer", "direct"), ("pgfence", "direct"), ("pgfence", "pgbouncer"),
-                             ("noop", "pgfence"), ("fenced", "pgfence"), ("rewrite", "pgfence")]
+                             ("noop", "pgfence"), ("fenced", "pgfence"), ("rewrite", "pgfence"),
+                             ("handguard", "pgfence"), ("fenced", "handguard"),
+                             ("handrewrite", "pgfence"), ("rewrite", "handrewrite")]
          if a in targets and b in targets]
 head = ["workload", "mode"] + [f"{t} tps" for t in targets] + [f"{a}/{b}" for a, b in pairs] \
        + [f"{t} cpu us/tx" for t in middle]
@@ -601,7 +641,7 @@ show(head_ci, table_ci)
 # CPU is steadier than throughput on a shared machine: what each target costs the server and
 # itself per transaction, and, against unfenced pgfence, what fencing adds (the guard's cost).
 print("\nCPU per transaction (medians): the Postgres server for each target; what fencing adds (server + middleware) against pgfence")
-extra = [t for t in ("noop", "fenced", "rewrite") if t in targets and "pgfence" in targets]
+extra = [t for t in ("noop", "fenced", "rewrite", "handguard", "handrewrite") if t in targets and "pgfence" in targets]
 head2 = ["workload", "mode"] + [f"{t} server us" for t in targets] + [f"{t} extra us" for t in extra]
 table2 = []
 for (workload, mode), by_round in runs.items():
