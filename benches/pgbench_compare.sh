@@ -386,7 +386,8 @@ hand_guard="SELECT pgfence.guard('pgbench', 1, NULL, true)"
 sed "s/^PREPARE noop_check AS SELECT 1;/PREPARE noop_check AS $hand_guard;/" "$WORK/noop.sql" >"$WORK/handguard.sql"
 sed "s/^SELECT 1;/$hand_guard;/" "$WORK/noop-pipeline.sql" >"$WORK/handguard-pipeline.sql"
 # The handrewrite target's: pgbench's tpcb-like with the accounts UPDATE as rewrite mode sends it
-# for epoch 1 (the unit tests of src/sql/rewrite pin that form).
+# for epoch 1 (a unit test, the_pgbench_accounts_update_is_rewritten_as_the_benchmark_sends_it,
+# fails when the two differ).
 cat >"$WORK/handrewrite.sql" <<SQL
 $noop_vars
 BEGIN;

@@ -224,6 +224,37 @@ fn quoted_epoch_columns_stay_quoted() {
     );
 }
 
+/// `benches/pgbench_compare.sh` sends this rewrite itself (target `handrewrite`) to tell what
+/// Postgres costs for it from what pgfence adds: the script must hold the text pgfence sends.
+#[test]
+fn the_pgbench_accounts_update_is_rewritten_as_the_benchmark_sends_it() {
+    let t = RewriteTarget {
+        tables: vec![TableName::new(Some("public"), "pgbench_accounts")],
+        column: "last_epoch".into(),
+    };
+    let epoch = Epoch::new(1).unwrap();
+    for (aid, delta) in [("$2", "$1"), ("408652", "-405")] {
+        let sql = format!("UPDATE pgbench_accounts SET abalance = abalance + {delta} WHERE aid = {aid}");
+        assert_eq!(
+            rewrite(&sql, &t, epoch).unwrap(),
+            format!(
+                "UPDATE pgbench_accounts SET abalance = abalance + {delta}, last_epoch = 1::pgfence.epoch \
+                 WHERE (aid = {aid}) AND coalesce(pgbench_accounts.last_epoch, 0) <= 1::pgfence.epoch"
+            )
+        );
+    }
+    let sent = rewrite(
+        "UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2",
+        &t,
+        epoch,
+    )
+    .unwrap()
+    .replace("$1", ":delta")
+    .replace("$2", ":aid");
+    let script = include_str!("../../../benches/pgbench_compare.sh");
+    assert!(script.lines().any(|l| l == format!("{sent};")), "{sent}");
+}
+
 #[test]
 fn cache_returns_the_same_rewrite_per_epoch() {
     let mut c = RewriteCache::new(target());
