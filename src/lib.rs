@@ -43,6 +43,7 @@ macro_rules! say_part {
 }
 
 pub mod config;
+pub mod conninfo;
 pub mod demo;
 pub mod error;
 pub mod fence;

@@ -39,7 +39,8 @@ enum Command {
     /// Install or upgrade the `pgfence` schema in one database (idempotent).
     Init {
         /// The database to install into, e.g. postgres://user@127.0.0.1:5432/app (or the
-        /// config's `database_url`). Without a password in it, `PGPASSWORD` is used.
+        /// config's `database_url`). What it leaves out comes from PGHOST, PGPORT, PGUSER, PGDATABASE,
+        /// PGPASSWORD and the password file (PGPASSFILE, default ~/.pgpass), as with psql.
         #[arg(long)]
         database_url: Option<String>,
         /// With a config, also register its fences and install their lease triggers.
@@ -217,11 +218,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let Some(url) = database_url.or(from_config) else {
                 anyhow::bail!("init needs --database-url (or database_url in the config)");
             };
+            let url = pgfence::conninfo::with_env_port(&url, |name| std::env::var(name).ok());
             let mut db: tokio_postgres::Config = url.parse().context("invalid database URL")?;
-            if db.get_password().is_none() {
-                if let Ok(password) = std::env::var("PGPASSWORD") {
-                    db.password(password);
-                }
+            for warning in pgfence::conninfo::apply_env(&mut db, |name| std::env::var(name).ok()) {
+                tracing::warn!("{warning}");
             }
             let (mut client, connection) = db
                 .connect(tokio_postgres::NoTls)

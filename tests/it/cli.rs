@@ -288,18 +288,27 @@ async fn init_takes_its_database_url_from_the_config_too() {
     assert!(!ok && text.contains("--database-url"), "{text}");
 }
 
-/// libpq's PGPASSWORD: a URL without a password takes it from there.
-#[tokio::test]
-async fn init_uses_pgpassword_when_the_url_has_no_password() {
+/// A server on a free port that asks for a cleartext password, and refuses once it has it:
+/// gives the port and, at the end, the startup packet's parameters and the password sent.
+async fn password_catcher() -> (u16, tokio::task::JoinHandle<(Vec<(String, String)>, String)>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    // A server that asks for a cleartext password, keeps what it is sent and refuses.
     let server = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let len = s.read_u32().await.unwrap() as usize;
         let mut startup = vec![0u8; len - 4];
         s.read_exact(&mut startup).await.unwrap();
+        // After the protocol version: name, value, … and a final NUL.
+        let words: Vec<String> = startup[4..]
+            .split(|b| *b == 0)
+            .map(|w| String::from_utf8_lossy(w).into_owned())
+            .collect();
+        let params = words
+            .chunks(2)
+            .filter(|kv| kv.len() == 2 && !kv[0].is_empty())
+            .map(|kv| (kv[0].clone(), kv[1].clone()))
+            .collect();
         s.write_all(b"R\0\0\0\x08\0\0\0\x03").await.unwrap();
         assert_eq!(s.read_u8().await.unwrap(), b'p');
         let len = s.read_u32().await.unwrap() as usize;
@@ -310,20 +319,91 @@ async fn init_uses_pgpassword_when_the_url_has_no_password() {
         msg.extend_from_slice(&((err.len() + 4) as u32).to_be_bytes());
         msg.append(&mut err);
         s.write_all(&msg).await.unwrap();
-        String::from_utf8(password).unwrap()
+        (params, String::from_utf8(password).unwrap())
     });
-    let url = format!("postgres://someone@127.0.0.1:{port}/x");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_pgfence"))
-            .args(["init", "--database-url", &url])
-            .env("PGPASSWORD", "s3cret")
-            .output()
-            .expect("run pgfence")
+    (port, server)
+}
+
+/// What [`password_catcher`] caught; fails when pgfence never got that far.
+async fn caught(server: tokio::task::JoinHandle<(Vec<(String, String)>, String)>) -> (Vec<(String, String)>, String) {
+    tokio::time::timeout(std::time::Duration::from_secs(20), server)
+        .await
+        .expect("pgfence init never sent a password")
+        .unwrap()
+}
+
+/// Runs `pgfence init --database-url url` with these environment variables, and only these
+/// of libpq's.
+async fn init_with_env(url: String, env: Vec<(&'static str, String)>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgfence"));
+        cmd.args(["init", "--database-url", &url]);
+        for var in ["PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGPASSWORD", "PGPASSFILE"] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env).output().expect("run pgfence")
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// libpq's PGPASSWORD: a URL without a password takes it from there.
+#[tokio::test]
+async fn init_uses_pgpassword_when_the_url_has_no_password() {
+    let (port, server) = password_catcher().await;
+    let url = format!("postgres://someone@127.0.0.1:{port}/x");
+    let out = init_with_env(url, vec![("PGPASSWORD", "s3cret".into())]).await;
     assert!(!out.status.success());
-    assert_eq!(server.await.unwrap(), "s3cret\0");
+    assert_eq!(caught(server).await.1, "s3cret\0");
+}
+
+/// As psql: what the URL leaves out comes from PGPORT, PGUSER and PGDATABASE, and the
+/// password from the password file when PGPASSWORD is not set.
+#[tokio::test]
+async fn init_takes_what_the_url_leaves_out_from_libpq_variables_and_the_password_file() {
+    let (port, server) = password_catcher().await;
+    let dir = std::env::temp_dir().join(format!("pgfence-cli-pgpass-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pgpass");
+    std::fs::write(
+        &file,
+        format!("127.0.0.1:{port}:otherdb:someone:wrong\n127.0.0.1:{port}:appdb:someone:from\\:file\n"),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let env = vec![
+        ("PGPORT", port.to_string()),
+        ("PGUSER", "someone".to_owned()),
+        ("PGDATABASE", "appdb".to_owned()),
+        ("PGPASSFILE", file.to_str().unwrap().to_owned()),
+    ];
+    let out = init_with_env("postgres://127.0.0.1".into(), env).await;
+    assert!(!out.status.success());
+    let (params, password) = caught(server).await;
+    assert!(params.contains(&("user".into(), "someone".into())), "{params:?}");
+    assert!(params.contains(&("database".into(), "appdb".into())), "{params:?}");
+    assert_eq!(password, "from:file\0");
+    // A password file others can read is ignored, with libpq's warning.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let (port2, server2) = password_catcher().await;
+    let url = format!("postgres://someone@127.0.0.1:{port2}/appdb");
+    let out = init_with_env(url, vec![("PGPASSFILE", file.to_str().unwrap().to_owned())]).await;
+    assert!(!out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("group or world access"), "{text}");
+    // No password to send: the client gives up before answering the server's request.
+    server2.abort();
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A fence of one database whose lease table is not there cannot work (its writes would
