@@ -205,21 +205,18 @@ mod tests {
             ("PGDATABASE", "envdb"),
             ("PGPASSWORD", "envpw"),
         ];
-        let mut db: Config = "postgres://u:pw@h:1/d".parse().unwrap();
-        assert!(apply_env(&mut db, vars(&env)).is_empty());
-        assert_eq!(db.get_hosts(), &[Host::Tcp("h".into())]);
-        assert_eq!(db.get_ports(), &[1]);
-        assert_eq!(db.get_user(), Some("u"));
-        assert_eq!(db.get_dbname(), Some("d"));
-        assert_eq!(db.get_password(), Some(&b"pw"[..]));
-
-        let mut db: Config = "postgres://".parse().unwrap();
-        assert!(apply_env(&mut db, vars(&env)).is_empty());
-        assert_eq!(db.get_hosts(), &[Host::Tcp("envhost".into())]);
-        assert_eq!(db.get_ports(), &[6543]);
-        assert_eq!(db.get_user(), Some("envuser"));
-        assert_eq!(db.get_dbname(), Some("envdb"));
-        assert_eq!(db.get_password(), Some(&b"envpw"[..]));
+        for (url, [host, port, user, dbname, password]) in [
+            ("postgres://u:pw@h:1/d", ["h", "1", "u", "d", "pw"]),
+            ("postgres://", ["envhost", "6543", "envuser", "envdb", "envpw"]),
+        ] {
+            let mut db: Config = url.parse().unwrap();
+            assert!(apply_env(&mut db, vars(&env)).is_empty());
+            assert_eq!(db.get_hosts(), &[Host::Tcp(host.into())], "{url}");
+            assert_eq!(db.get_ports(), &[port.parse::<u16>().unwrap()], "{url}");
+            assert_eq!(db.get_user(), Some(user), "{url}");
+            assert_eq!(db.get_dbname(), Some(dbname), "{url}");
+            assert_eq!(db.get_password(), Some(password.as_bytes()), "{url}");
+        }
     }
 
     #[test]
