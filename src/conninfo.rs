@@ -61,12 +61,13 @@ pub fn apply_env(db: &mut Config, env: impl Fn(&str) -> Option<String>) -> Vec<S
             db.host(host);
         }
     }
-    if db.get_ports().is_empty()
-        && let Some(port) = env("PGPORT")
-    {
+    // A URL host without a port got it from [`with_env_port`].
+    if let Some(port) = env("PGPORT") {
         match port.parse::<u16>() {
             Ok(p) if p > 0 => {
-                db.port(p);
+                if db.get_ports().is_empty() {
+                    db.port(p);
+                }
             }
             _ => warnings.push(format!("PGPORT={port:?} is not a port; ignored")),
         }
@@ -225,6 +226,12 @@ mod tests {
         let warnings = apply_env(&mut db, vars(&[("USER", "me"), ("PGPORT", "port")]));
         assert_eq!(db.get_user(), Some("me"));
         assert!(db.get_ports().is_empty());
+        assert_eq!(warnings, ["PGPORT=\"port\" is not a port; ignored"]);
+        // Also when the URL's host takes the default port.
+        let url = with_env_port("postgres://h/d", vars(&[("PGPORT", "port")]));
+        let mut db: Config = url.parse().unwrap();
+        let warnings = apply_env(&mut db, vars(&[("PGPORT", "port")]));
+        assert_eq!(db.get_ports(), &[5432]);
         assert_eq!(warnings, ["PGPORT=\"port\" is not a port; ignored"]);
     }
 
