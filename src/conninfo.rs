@@ -9,10 +9,19 @@ use std::path::{Path, PathBuf};
 
 use tokio_postgres::config::{Config, Host};
 
+/// `url` (a URL or `key=value` pairs) as a connection config, with what it leaves out taken
+/// from `env` (a variable's value by name) and the password file, as libpq does. Also gives
+/// warnings to print (an unusable `PGPORT`, a password file that others can read).
+pub fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(Config, Vec<String>), tokio_postgres::Error> {
+    let mut db: Config = with_env_port(url, &env).parse()?;
+    let warnings = apply_env(&mut db, env);
+    Ok((db, warnings))
+}
+
 /// `url` with `PGPORT`'s port written after each of its hosts when it names no port (the
 /// URL parser would put 5432 there, and libpq takes `PGPORT`). Other texts come back as
 /// they are: a `key=value` string without `port` leaves the port for [`apply_env`].
-pub fn with_env_port(url: &str, env: impl Fn(&str) -> Option<String>) -> String {
+fn with_env_port(url: &str, env: impl Fn(&str) -> Option<String>) -> String {
     let Some(port) = env("PGPORT").filter(|p| matches!(p.parse::<u16>(), Ok(1..))) else {
         return url.to_owned();
     };
@@ -46,10 +55,9 @@ pub fn with_env_port(url: &str, env: impl Fn(&str) -> Option<String>) -> String 
     format!("{scheme}{userinfo}{}{tail}", hosts.join(","))
 }
 
-/// Fills in what `db` lacks from `env` (a variable's value by name) and the password file
-/// it names. Returns warnings to print (an unusable `PGPORT`, a password file that others
-/// can read, which libpq ignores too).
-pub fn apply_env(db: &mut Config, env: impl Fn(&str) -> Option<String>) -> Vec<String> {
+/// Fills in what `db` lacks from `env` and the password file it names; returns the
+/// warnings.
+fn apply_env(db: &mut Config, env: impl Fn(&str) -> Option<String>) -> Vec<String> {
     let mut warnings = Vec::new();
     let env = |name: &str| env(name).filter(|v| !v.is_empty());
     if db.get_hosts().is_empty()

@@ -218,9 +218,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let Some(url) = database_url.or(from_config) else {
                 anyhow::bail!("init needs --database-url (or database_url in the config)");
             };
-            let url = pgfence::conninfo::with_env_port(&url, |name| std::env::var(name).ok());
-            let mut db: tokio_postgres::Config = url.parse().context("invalid database URL")?;
-            for warning in pgfence::conninfo::apply_env(&mut db, |name| std::env::var(name).ok()) {
+            let (db, warnings) =
+                pgfence::conninfo::parse(&url, |name| std::env::var(name).ok()).context("invalid database URL")?;
+            for warning in warnings {
                 tracing::warn!("{warning}");
             }
             let (mut client, connection) = db
