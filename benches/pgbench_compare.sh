@@ -87,6 +87,9 @@ die() {
   exit 1
 }
 has_target() { [[ " ${TARGETS[*]} " == *" $1 "* ]]; }
+# Targets whose client sends SQL of its own through the pgfence target's proxy (below): they
+# share its port and process, run tpcb-like only, and have no latency or memory run.
+client_sent() { case $1 in noop | handguard | handrewrite) return 0 ;; *) return 1 ;; esac; }
 
 # Postgres and PgBouncer refuse to run as root.
 as_pg() {
@@ -396,10 +399,12 @@ $noop_rest
 SQL
 
 port_of() {
-  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence | noop | handguard | handrewrite) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
+  ! client_sent "$1" || set -- pgfence
+  case $1 in direct) echo "$PGPORT" ;; pgbouncer) echo "$BPORT" ;; pgfence) echo "$FPORT" ;; fenced) echo "$FFPORT" ;; rewrite) echo "$RWPORT" ;; esac
 }
 pid_of() {
-  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence | noop | handguard | handrewrite) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
+  ! client_sent "$1" || set -- pgfence
+  case $1 in direct) echo "" ;; pgbouncer) echo "$BOUNCER_PID" ;; pgfence) echo "$PGFENCE_PID" ;; fenced) echo "$FENCED_PID" ;; rewrite) echo "$REWRITE_PID" ;; esac
 }
 
 # run_pgbench TARGET ARGS... -> prints "tps transactions middleware_cpu_ticks server_cpu_ticks
@@ -451,19 +456,16 @@ for ((round = 1; round <= ROUNDS; round++)); do
       for target in $(rotated "$round" "$k"); do
         args=("$PGBENCH" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" -M "$mode")
         [ "$workload" != select-only ] || args+=(-S)
+        ! client_sent "$target" || [ "$workload" = tpcb-like ] || continue
         case $target in
           noop | handguard)
-            [ "$workload" = tpcb-like ] || continue
             case $mode in
               simple) args+=(-f "$WORK/$target.sql" -D noop_prepared=0 -s "$SCALE") ;;
               prepared) args+=(-f "$WORK/$target-pipeline.sql" -s "$SCALE") ;;
               *) continue ;;
             esac
             ;;
-          handrewrite)
-            [ "$workload" = tpcb-like ] || continue
-            args+=(-f "$WORK/handrewrite.sql" -s "$SCALE")
-            ;;
+          handrewrite) args+=(-f "$WORK/handrewrite.sql" -s "$SCALE") ;;
         esac
         out=$(run_pgbench "$target" "${args[@]}")
         read -r tps tx ticks server sys <<<"$out"
@@ -486,7 +488,7 @@ if [ "$ROUNDS" -gt 0 ] && [ "$LATENCY_DURATION" != 0 ]; then
   log "latency: c=1 -S -M prepared, pinned to CPU 0, ${LATENCY_DURATION}s per run"
   for ((round = 1; round <= ROUNDS; round++)); do
     for target in $(rotated "$round" 0); do
-      case $target in noop | handguard | handrewrite) continue ;; esac
+      ! client_sent "$target" || continue
       prefix=$WORK/lat-$target-$round
       out=$(run_pgbench "$target" taskset -c 0 "$PGBENCH" -c 1 -j 1 -S -M prepared \
         -T "$LATENCY_DURATION" -l --log-prefix="$prefix")
@@ -522,7 +524,7 @@ if [ "$IDLE_SESSIONS" -gt 0 ]; then
   # Each client runs one query and then sleeps: a session that has been used, now idle.
   printf 'SELECT 1;\n\\sleep 600 s\n' >"$WORK/idle.sql"
   for target in "${TARGETS[@]}"; do
-    case $target in direct | noop | handguard | handrewrite) continue ;; esac
+    [ "$target" != direct ] && ! client_sent "$target" || continue
     pid=$(pid_of "$target")
     drop_pool "$target"
     base=$(client_backends)
