@@ -3,19 +3,87 @@
 //! then the password file (`PGPASSFILE`, by default `~/.pgpass`).
 //!
 //! What the URL says always wins; `PGPASSWORD` wins over the file. Only the variables above
-//! are read: a URL names what else it needs.
+//! are read: a URL names what else it needs. With no host anywhere, the connection goes to
+//! the server's Unix socket in the default directory, as libpq's does; an invalid `PGPORT` is
+//! refused, as libpq refuses it.
 
 use std::path::{Path, PathBuf};
 
 use tokio_postgres::config::{Config, Host};
 
+/// Where libpq looks for the server's Unix socket when nothing names a host: Debian's and
+/// Red Hat's packages build it with `/var/run/postgresql`, Postgres' own default is `/tmp`.
+pub const SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+
+/// Why a connection string cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConninfoError {
+    /// The URL itself does not parse.
+    #[error(transparent)]
+    Url(#[from] tokio_postgres::Error),
+    /// `PGPORT` holds no integer (libpq refuses it too, in these words).
+    #[error("invalid integer value {0:?} for connection option \"port\" (from PGPORT)")]
+    PortNotInteger(String),
+    /// `PGPORT` holds an integer that is no TCP port.
+    #[error("invalid port number: {0:?} (from PGPORT)")]
+    PortOutOfRange(String),
+}
+
 /// `url` (a URL or `key=value` pairs) as a connection config, with what it leaves out taken
 /// from `env` (a variable's value by name) and the password file, as libpq does. Also gives
-/// warnings to print (an unusable `PGPORT`, a password file that others can read).
-pub fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(Config, Vec<String>), tokio_postgres::Error> {
+/// warnings to print (a password file that others can read).
+pub fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(Config, Vec<String>), ConninfoError> {
+    if let Some(port) = env("PGPORT").filter(|p| !p.is_empty())
+        && !matches!(port.parse::<u16>(), Ok(1..))
+    {
+        return Err(match port.trim_end().parse::<i64>() {
+            Ok(_) => ConninfoError::PortOutOfRange(port),
+            Err(_) => ConninfoError::PortNotInteger(port),
+        });
+    }
     let mut db: Config = with_env_port(url, &env).parse()?;
     let warnings = apply_env(&mut db, env);
+    if db.get_hosts().is_empty() && db.get_hostaddrs().is_empty() {
+        let port = db.get_ports().first().copied().unwrap_or(5432);
+        db.host_path(default_socket_dir(port, &SOCKET_DIRS));
+    }
     Ok((db, warnings))
+}
+
+/// Where `db` connects, as libpq names it in its errors: `host:port`, or the socket's path;
+/// several hosts are separated by commas.
+pub fn describe(db: &Config) -> String {
+    let ports = db.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let mut places: Vec<String> = db
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| match h {
+            Host::Tcp(name) => format!("{name}:{}", port(i)),
+            #[cfg(unix)]
+            Host::Unix(dir) => format!("socket {}", dir.join(format!(".s.PGSQL.{}", port(i))).display()),
+        })
+        .collect();
+    if places.is_empty() {
+        places = db
+            .get_hostaddrs()
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{a}:{}", port(i)))
+            .collect();
+    }
+    places.join(", ")
+}
+
+/// The first of `dirs` that holds the socket of a server on `port`, else the first of them
+/// (the error then names the socket libpq would have tried).
+fn default_socket_dir(port: u16, dirs: &[&str]) -> PathBuf {
+    let socket = format!(".s.PGSQL.{port}");
+    dirs.iter()
+        .map(PathBuf::from)
+        .find(|d| d.join(&socket).exists())
+        .unwrap_or_else(|| PathBuf::from(dirs.first().copied().unwrap_or("/tmp")))
 }
 
 /// `url` with `PGPORT`'s port written after each of its hosts when it names no port (the
@@ -69,16 +137,11 @@ fn apply_env(db: &mut Config, env: impl Fn(&str) -> Option<String>) -> Vec<Strin
             db.host(host);
         }
     }
-    // A URL host without a port got it from [`with_env_port`].
-    if let Some(port) = env("PGPORT") {
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 => {
-                if db.get_ports().is_empty() {
-                    db.port(p);
-                }
-            }
-            _ => warnings.push(format!("PGPORT={port:?} is not a port; ignored")),
-        }
+    // A URL host without a port got it from [`with_env_port`]; [`parse`] refused a bad one.
+    if let Some(Ok(port @ 1..)) = env("PGPORT").map(|p| p.parse::<u16>())
+        && db.get_ports().is_empty()
+    {
+        db.port(port);
     }
     if db.get_user().is_none()
         && let Some(user) = env("PGUSER").or_else(|| env("USER")).or_else(|| env("LOGNAME"))
@@ -229,18 +292,63 @@ mod tests {
     }
 
     #[test]
-    fn user_falls_back_to_the_login_name_and_a_bad_port_is_said() {
+    fn user_falls_back_to_the_login_name_and_a_bad_port_is_refused() {
         let mut db: Config = "postgres:///d".parse().unwrap();
-        let warnings = apply_env(&mut db, vars(&[("USER", "me"), ("PGPORT", "port")]));
+        assert!(apply_env(&mut db, vars(&[("USER", "me")])).is_empty());
         assert_eq!(db.get_user(), Some("me"));
-        assert!(db.get_ports().is_empty());
-        assert_eq!(warnings, ["PGPORT=\"port\" is not a port; ignored"]);
-        // Also when the URL's host takes the default port.
-        let url = with_env_port("postgres://h/d", vars(&[("PGPORT", "port")]));
-        let mut db: Config = url.parse().unwrap();
-        let warnings = apply_env(&mut db, vars(&[("PGPORT", "port")]));
+        // As libpq: a PGPORT that is not a port fails, whatever the URL names.
+        for url in ["postgres:///d", "postgres://h/d", "postgres://h:1/d"] {
+            let err = parse(url, vars(&[("PGPORT", "port")])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "invalid integer value \"port\" for connection option \"port\" (from PGPORT)"
+            );
+            for port in ["0", "65536", "-1"] {
+                let err = parse(url, vars(&[("PGPORT", port)])).unwrap_err();
+                assert_eq!(
+                    err.to_string(),
+                    format!("invalid port number: \"{port}\" (from PGPORT)")
+                );
+            }
+        }
+        // An empty one is unset, as in libpq.
+        let (db, _) = parse("postgres://h/d", vars(&[("PGPORT", "")])).unwrap();
         assert_eq!(db.get_ports(), &[5432]);
-        assert_eq!(warnings, ["PGPORT=\"port\" is not a port; ignored"]);
+    }
+
+    #[test]
+    fn without_a_host_the_default_socket_directory_is_used() {
+        let dir = std::env::temp_dir().join(format!("pgfence-sockets-{}", std::process::id()));
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(b.join(".s.PGSQL.6543"), "").unwrap();
+        let dirs = [a.to_str().unwrap(), b.to_str().unwrap()];
+        // The first directory holding the port's socket, else the first directory.
+        assert_eq!(default_socket_dir(6543, &dirs), b);
+        assert_eq!(default_socket_dir(5432, &dirs), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Only when neither the URL nor PGHOST names a host.
+        let (db, _) = parse("postgres://u@/d?port=6543", vars(&[])).unwrap();
+        assert!(
+            matches!(db.get_hosts(), [Host::Unix(p)] if SOCKET_DIRS.iter().any(|d| p.as_path() == Path::new(d)))
+        );
+        assert_eq!(db.get_ports(), &[6543]);
+        let (db, _) = parse("postgres:///d", vars(&[("PGHOST", "h")])).unwrap();
+        assert_eq!(db.get_hosts(), &[Host::Tcp("h".into())]);
+        let (db, _) = parse("host=h", vars(&[])).unwrap();
+        assert_eq!(db.get_hosts(), &[Host::Tcp("h".into())]);
+        let (db, _) = parse("hostaddr=127.0.0.1 dbname=d", vars(&[])).unwrap();
+        assert!(db.get_hosts().is_empty());
+        assert_eq!(describe(&db), "127.0.0.1:5432");
+    }
+
+    #[test]
+    fn a_connection_target_is_described_as_libpq_names_it() {
+        let (db, _) = parse("postgres://h1:1,h2:2/d", vars(&[])).unwrap();
+        assert_eq!(describe(&db), "h1:1, h2:2");
+        let (db, _) = parse("postgres://u@%2Fvar%2Frun%2Fpostgresql/d", vars(&[("PGPORT", "6543")])).unwrap();
+        assert_eq!(describe(&db), "socket /var/run/postgresql/.s.PGSQL.6543");
     }
 
     #[test]

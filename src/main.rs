@@ -219,14 +219,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 anyhow::bail!("init needs --database-url (or database_url in the config)");
             };
             let (db, warnings) =
-                pgfence::conninfo::parse(&url, |name| std::env::var(name).ok()).context("invalid database URL")?;
+                pgfence::conninfo::parse(&url, |name| std::env::var(name).ok()).map_err(|e| match e {
+                    pgfence::conninfo::ConninfoError::Url(e) => anyhow::Error::new(e).context("invalid database URL"),
+                    e => anyhow::Error::new(e),
+                })?;
             for warning in warnings {
                 tracing::warn!("{warning}");
             }
             let (mut client, connection) = db
                 .connect(tokio_postgres::NoTls)
                 .await
-                .context("cannot connect to the database")?;
+                .with_context(|| format!("cannot connect to the database at {}", pgfence::conninfo::describe(&db)))?;
             tokio::spawn(connection);
             let report = pgfence::fence::install::install(&mut client, &fences).await?;
             pgfence::say!("{report}");

@@ -406,6 +406,52 @@ async fn init_takes_what_the_url_leaves_out_from_libpq_variables_and_the_passwor
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// As psql: with no host in the URL nor in PGHOST, init connects to the server's Unix
+/// socket in the default directory; an invalid PGPORT is refused, not ignored.
+#[tokio::test]
+async fn init_without_a_host_uses_the_default_unix_socket_and_refuses_a_bad_pgport() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let port = cluster.port();
+    let name = format!(".s.PGSQL.{port}");
+    // The cluster's socket, seen in /tmp (the last default directory) under its port's name.
+    let link = std::path::Path::new("/tmp").join(&name);
+    let ours = !link.exists() && std::os::unix::fs::symlink(cluster.socket_dir().join(&name), &link).is_ok();
+    let out = init_with_env(
+        format!("postgres:///{db}?user=postgres"),
+        vec![("PGPORT", port.to_string())],
+    )
+    .await;
+    if ours {
+        std::fs::remove_file(&link).unwrap();
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let admin = cluster.admin(&db).await;
+    let row = admin
+        .query_one("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfence'", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    // Nowhere to connect: the error names the socket tried.
+    let out = init_with_env("postgres:///x?user=postgres&port=1".into(), vec![]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot connect to the database at socket /"), "{err}");
+    assert!(err.contains("/.s.PGSQL.1"), "{err}");
+    for (port, says) in [
+        (
+            "5432x",
+            "invalid integer value \"5432x\" for connection option \"port\"",
+        ),
+        ("70000", "invalid port number: \"70000\""),
+    ] {
+        let out = init_with_env(format!("postgres://127.0.0.1/{db}"), vec![("PGPORT", port.into())]).await;
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+    }
+}
+
 /// A fence of one database whose lease table is not there cannot work (its writes would
 /// fail with PF005): `init --config` says so and fails, rather than report success. A fence
 /// for any database only skips the databases without its lease table.
