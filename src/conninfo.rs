@@ -330,9 +330,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         // Only when neither the URL nor PGHOST names a host.
         let (db, _) = parse("postgres://u@/d?port=6543", vars(&[])).unwrap();
-        assert!(
-            matches!(db.get_hosts(), [Host::Unix(p)] if SOCKET_DIRS.iter().any(|d| p.as_path() == Path::new(d)))
-        );
+        assert!(matches!(db.get_hosts(), [Host::Unix(p)] if SOCKET_DIRS.iter().any(|d| p.as_path() == Path::new(d))));
         assert_eq!(db.get_ports(), &[6543]);
         let (db, _) = parse("postgres:///d", vars(&[("PGHOST", "h")])).unwrap();
         assert_eq!(db.get_hosts(), &[Host::Tcp("h".into())]);

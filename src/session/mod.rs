@@ -138,7 +138,7 @@ async fn relay_session(est: startup::Established, ctx: &ServerContext, span: tra
                     draining = true;
                     let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
                     st.draining = true;
-                    if st.idle() {
+                    if st.drainable() {
                         break client_end.unwrap_or(End::Drained);
                     }
                     grace.as_mut().reset(tokio::time::Instant::now() + ctx.config.shutdown_grace);

@@ -600,7 +600,7 @@ where
                     break;
                 }
             }
-            drained = st.draining && st.idle() && stream.0 == 0;
+            drained = st.draining && st.drainable() && stream.0 == 0;
             violation = st.violation.take();
             if st.reader_waiting && st.may_resume() {
                 st.reader_waiting = false;

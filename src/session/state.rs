@@ -511,6 +511,10 @@ pub struct Shared {
     /// CopyData was sent since the last Query or Execute while Postgres was not known to
     /// be copying (a client that sends rows without waiting for the `G`).
     pub copy_data_early: bool,
+    /// Postgres answered CopyBothResponse and has not ended that copy: a replication
+    /// stream (`START_REPLICATION`) runs, which only the client or Postgres stops. It is
+    /// no transaction a drain could wait for.
+    pub streaming: bool,
     /// The client broke the protocol in a way only a reply revealed: end the session.
     pub violation: Option<String>,
     /// The client side stopped reading at [`MAX_PENDING`] units in flight and waits to be
@@ -574,6 +578,12 @@ impl Shared {
     /// shutdown may end the session here without losing anything the client was told.
     pub fn idle(&self) -> bool {
         self.pending.is_empty() && self.tx_status == b'I' && !self.unsynced
+    }
+
+    /// A drain may end the session now: it is idle, or it streams replication, which
+    /// never reaches the end of a transaction.
+    pub fn drainable(&self) -> bool {
+        self.idle() || self.streaming
     }
 
     /// No transaction is open, and none will be when what is in flight is answered: nothing
@@ -675,7 +685,13 @@ impl Shared {
                 }
             }
             b'C' => self.copy_open = false,
+            b'W' => self.streaming = true,
             _ => {}
+        }
+        // A replication stream ends with CommandComplete (or an error), a physical one
+        // sometimes after a result set naming the next timeline.
+        if matches!(tag, b'C' | b'E' | b'Z' | b'T') {
+            self.streaming = false;
         }
         let Some(front) = self.pending.front_mut() else {
             return Verdict::Forward;

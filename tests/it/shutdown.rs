@@ -560,3 +560,36 @@ async fn work_pipelined_behind_a_cut_statement_does_not_commit() {
         assert_eq!(n, 0, "SIG{signal}: work queued behind the cut statement committed");
     }
 }
+
+/// A replication stream (CopyBoth after `START_REPLICATION`) never reaches the end of a
+/// transaction: SIGTERM ends it at once with 57P01, as an idle session, instead of holding
+/// the drain for the whole grace period.
+#[tokio::test]
+async fn a_replication_stream_is_ended_at_once_by_a_drain() {
+    let cluster = Cluster::shared();
+    let admin = cluster.admin("postgres").await;
+    let lsn: String = admin
+        .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut proxy = ProxyProcess::start_for(cluster.port(), "shutdown_grace = 20");
+    let (mut raw, hello) = Raw::startup(proxy.port(), &[("user", "postgres"), ("replication", "true")]).await;
+    assert_eq!(hello.last().map(|m| m.tag), Some(b'Z'), "{hello:?}");
+    raw.send(&query(&format!("START_REPLICATION PHYSICAL {lsn}"))).await;
+    let started = raw.read_until(|m| m.tag == b'W' || m.tag == b'E').await;
+    assert_eq!(started.last().map(|m| m.tag), Some(b'W'), "{started:?}");
+    drains_at_once_with_nothing_written(&mut proxy, &mut raw).await;
+}
+
+/// SIGTERM: the session gets its FATAL at once and the proxy exits well before the grace
+/// period.
+async fn drains_at_once_with_nothing_written(proxy: &mut ProxyProcess, raw: &mut Raw) {
+    let started = Instant::now();
+    proxy.sigterm();
+    let end = raw.read_until(|_| false).await;
+    assert_eq!(codes(&end), ["57P01"], "{end:?}");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
