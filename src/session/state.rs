@@ -674,6 +674,7 @@ impl Shared {
             // Postgres left COPY mode with an error: the client's Syncs count again.
             b'E' => {
                 self.copy_in = false;
+                self.streaming = false;
                 if std::mem::take(&mut self.copy_open) && self.copy_syncs > 0 {
                     // Some of the Syncs sent during the COPY may now be answered, and
                     // which ones cannot be known: replies could no longer be matched.
@@ -684,14 +685,15 @@ impl Shared {
                     );
                 }
             }
-            b'C' => self.copy_open = false,
+            b'C' => {
+                self.copy_open = false;
+                self.streaming = false;
+            }
             b'W' => self.streaming = true,
+            // A replication stream ends with CommandComplete or an error; a physical one
+            // may send a result set naming the next timeline first.
+            b'T' | b'Z' => self.streaming = false,
             _ => {}
-        }
-        // A replication stream ends with CommandComplete (or an error), a physical one
-        // sometimes after a result set naming the next timeline.
-        if matches!(tag, b'C' | b'E' | b'Z' | b'T') {
-            self.streaming = false;
         }
         let Some(front) = self.pending.front_mut() else {
             return Verdict::Forward;
