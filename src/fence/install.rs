@@ -423,12 +423,15 @@ async fn check_lease_table(
 }
 
 /// Creates the lease triggers unless both are in place exactly as pgfence defines them;
-/// returns whether it created them.
+/// returns whether it created them. They are enabled ALWAYS: under
+/// `session_replication_role = replica` (a logical replication worker, or a superuser's
+/// session) a trigger enabled the default way does not fire, and a takeover made there would
+/// leave the fence at the old epoch, letting the old leader write on.
 async fn ensure_triggers(tx: &Transaction<'_>, oid: u32, quoted: &str) -> Result<bool, InstallError> {
     // tgtype 31 = ROW | BEFORE | INSERT | DELETE | UPDATE; 34 = BEFORE | TRUNCATE (statement).
     let present: bool = tx
         .query_one(
-            "SELECT count(*) = 2 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $1 AND t.tgenabled = 'O' \
+            "SELECT count(*) = 2 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $1 AND t.tgenabled = 'A' \
                AND t.tgnargs = 0 AND ((t.tgname = 'pgfence_lease' AND t.tgtype = 31 \
                     AND t.tgfoid = 'pgfence.lease_trigger()'::pg_catalog.regprocedure) \
                  OR (t.tgname = 'pgfence_lease_truncate' AND t.tgtype = 34 \
@@ -446,7 +449,8 @@ async fn ensure_triggers(tx: &Transaction<'_>, oid: u32, quoted: &str) -> Result
          CREATE TRIGGER pgfence_lease BEFORE INSERT OR UPDATE OR DELETE ON {quoted} \
              FOR EACH ROW EXECUTE FUNCTION pgfence.lease_trigger(); \
          CREATE TRIGGER pgfence_lease_truncate BEFORE TRUNCATE ON {quoted} \
-             FOR EACH STATEMENT EXECUTE FUNCTION pgfence.lease_truncate_trigger()"
+             FOR EACH STATEMENT EXECUTE FUNCTION pgfence.lease_truncate_trigger(); \
+         ALTER TABLE {quoted} ENABLE ALWAYS TRIGGER pgfence_lease, ENABLE ALWAYS TRIGGER pgfence_lease_truncate"
     ))
     .await?;
     Ok(true)

@@ -659,17 +659,26 @@ async fn every_change_of_the_lease_is_noticed_after_the_short_path_ran() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
-/// A lease trigger enabled ALWAYS also fires under `session_replication_role = replica` (a
-/// logical replication worker's), where the fence row's own triggers do not: the lease
-/// functions count a takeover and a revocation themselves, so the steady state still sees
-/// them.
+/// `init` enables the lease triggers ALWAYS, so they also fire under
+/// `session_replication_role = replica` (a logical replication worker's, or a superuser's),
+/// where the fence row's own triggers do not: the lease functions count a takeover and a
+/// revocation themselves, so the steady state still sees them.
 #[tokio::test]
 async fn lease_changes_where_fence_triggers_do_not_fire_are_noticed() {
     let f = Fixture::new().await;
-    f.admin
-        .batch_execute("ALTER TABLE leader_lease ENABLE ALWAYS TRIGGER pgfence_lease")
+    let enabled: Vec<String> = f
+        .admin
+        .query(
+            "SELECT tgname || ' ' || tgenabled::text FROM pg_trigger \
+              WHERE tgrelid = 'leader_lease'::regclass AND NOT tgisinternal ORDER BY tgname",
+            &[],
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(enabled, ["pgfence_lease A", "pgfence_lease_truncate A"]);
     let as_replica = |sql: &'static str| {
         let admin = &f.admin;
         async move {
