@@ -33,14 +33,7 @@ pub enum ConninfoError {
 /// from `env` (a variable's value by name) and the password file, as libpq does. Also gives
 /// warnings to print (a password file that others can read).
 pub fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(Config, Vec<String>), ConninfoError> {
-    if let Some(port) = env("PGPORT").filter(|p| !p.is_empty())
-        && !matches!(port.parse::<u16>(), Ok(1..))
-    {
-        return Err(match port.trim_end().parse::<i64>() {
-            Ok(_) => ConninfoError::PortOutOfRange(port),
-            Err(_) => ConninfoError::PortNotInteger(port),
-        });
-    }
+    env_port(&env)?;
     let mut db: Config = with_env_port(url, &env).parse()?;
     let warnings = apply_env(&mut db, env);
     if db.get_hosts().is_empty() && db.get_hostaddrs().is_empty() {
@@ -48,6 +41,21 @@ pub fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(Config,
         db.host_path(default_socket_dir(port, &SOCKET_DIRS));
     }
     Ok((db, warnings))
+}
+
+/// The port `PGPORT` names: `None` when it is unset or empty (libpq's default then), an
+/// error in libpq's words when it holds no TCP port.
+fn env_port(env: impl Fn(&str) -> Option<String>) -> Result<Option<u16>, ConninfoError> {
+    let Some(port) = env("PGPORT").filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    match port.parse::<u16>() {
+        Ok(p @ 1..) => Ok(Some(p)),
+        _ => Err(match port.trim_end().parse::<i64>() {
+            Ok(_) => ConninfoError::PortOutOfRange(port),
+            Err(_) => ConninfoError::PortNotInteger(port),
+        }),
+    }
 }
 
 /// Where `db` connects, as libpq names it in its errors: `host:port`, or the socket's path;
@@ -90,7 +98,7 @@ fn default_socket_dir(port: u16, dirs: &[&str]) -> PathBuf {
 /// URL parser would put 5432 there, and libpq takes `PGPORT`). Other texts come back as
 /// they are: a `key=value` string without `port` leaves the port for [`apply_env`].
 fn with_env_port(url: &str, env: impl Fn(&str) -> Option<String>) -> String {
-    let Some(port) = env("PGPORT").filter(|p| matches!(p.parse::<u16>(), Ok(1..))) else {
+    let Ok(Some(port)) = env_port(env) else {
         return url.to_owned();
     };
     let Some(rest) = url
@@ -138,7 +146,7 @@ fn apply_env(db: &mut Config, env: impl Fn(&str) -> Option<String>) -> Vec<Strin
         }
     }
     // A URL host without a port got it from [`with_env_port`]; [`parse`] refused a bad one.
-    if let Some(Ok(port @ 1..)) = env("PGPORT").map(|p| p.parse::<u16>())
+    if let Ok(Some(port)) = env_port(env)
         && db.get_ports().is_empty()
     {
         db.port(port);
