@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 10;
+pub const SCHEMA_VERSION: i32 = 11;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 10,
         name: "0010_epoch_domain",
         sql: include_str!("sql/0010_epoch_domain.sql"),
+    },
+    Migration {
+        version: 11,
+        name: "0011_regrant_new_epoch",
+        sql: include_str!("sql/0011_regrant_new_epoch.sql"),
     },
 ];
 
@@ -456,9 +461,8 @@ async fn ensure_triggers(tx: &Transaction<'_>, oid: u32, quoted: &str) -> Result
     Ok(true)
 }
 
-/// Brings `pgfence.fence.lease_epoch` up to the lease row; lifts a lease row that is
-/// below the fence's current epoch (through the trigger, now in place). Returns
-/// (lease_epoch changed, lifted from).
+/// Brings `pgfence.fence.lease_epoch` up to the lease row; lifts a lease row that grants a
+/// stale epoch (through the trigger, now in place). Returns (lease_epoch changed, lifted from).
 async fn sync_lease_epoch(
     tx: &Transaction<'_>,
     fence: &Fence,
@@ -480,16 +484,15 @@ async fn sync_lease_epoch(
         )
         .await?;
     let (hwm, recorded): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-    let current = hwm.max(recorded);
-    if let Some(epoch) = granted.filter(|&e| e < current) {
-        // The trigger records the lifted epoch. It is not above the HWM, so the trigger takes
-        // the fence's lock only if the lease epoch changes (schema version 9).
+    if let Some((epoch, to)) = granted.and_then(|e| lifted_epoch(e, hwm, recorded).map(|to| (e, to))) {
+        // Above the HWM: the trigger makes it a takeover, waiting for the transactions past
+        // the guard, and records it.
         tx.execute(
             &format!("UPDATE {quoted} SET epoch = $2::bigint WHERE name = $1"),
-            &[&lease.row, &current],
+            &[&lease.row, &to],
         )
         .await?;
-        return Ok((recorded != current, Some(epoch)));
+        return Ok((true, Some(epoch)));
     }
     let target = granted.unwrap_or(0);
     if target == recorded {
@@ -511,6 +514,18 @@ async fn sync_lease_epoch(
     Ok((true, None))
 }
 
+/// The epoch `init` lifts a lease row granting `granted` to, `None` when the row may stand.
+/// The trigger keeps rows from starting below the fence's current epoch, so a row `init`
+/// finds there changed where the trigger did not see it (the table dropped and created
+/// again, the trigger disabled); and a row that grants a revoked fence (`recorded` 0) at
+/// or below its HWM grants an epoch of a leader that was cut off. Either way, who holds
+/// that epoch is unknown: the row starts a new one, above the current epoch.
+fn lifted_epoch(granted: i64, hwm: i64, recorded: i64) -> Option<i64> {
+    let current = hwm.max(recorded);
+    let revoked = recorded == 0 && hwm >= 1;
+    (granted < current || (revoked && granted == hwm)).then_some(current + 1)
+}
+
 /// `"schema"."table"`, always quoted: the parts are already normalised, and quoting
 /// keeps keywords and odd characters literal.
 fn quote_table(table: &TableName) -> String {
@@ -518,5 +533,37 @@ fn quote_table(table: &TableName) -> String {
     match &table.schema {
         Some(schema) => format!("{}.{}", ident(schema), ident(&table.name)),
         None => ident(&table.name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MIGRATIONS, SCHEMA_VERSION, lifted_epoch};
+
+    /// Postgres converts the text of each migration to the database's encoding, and a
+    /// LATIN1 or SQL_ASCII database refuses characters it cannot hold.
+    #[test]
+    fn migrations_are_ascii_and_numbered_in_order() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert!(m.sql.is_ascii(), "{} holds a character outside ASCII", m.name);
+            assert_eq!(m.version, i as i32 + 1, "{}", m.name);
+            assert!(m.name.starts_with(&format!("{:04}_", m.version)), "{}", m.name);
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn a_lease_row_below_the_current_epoch_starts_a_new_one() {
+        // (granted, hwm, recorded) -> lifted to
+        assert_eq!(lifted_epoch(0, 0, 0), None, "a fresh fence and row");
+        assert_eq!(lifted_epoch(3, 0, 0), None, "a first grant");
+        assert_eq!(lifted_epoch(4, 4, 4), None, "the live grant");
+        assert_eq!(lifted_epoch(5, 4, 4), None, "a takeover init records");
+        assert_eq!(lifted_epoch(1, 4, 4), Some(5), "a row replaced unseen");
+        assert_eq!(lifted_epoch(0, 4, 4), Some(5), "a row replaced unseen, epoch 0");
+        assert_eq!(lifted_epoch(4, 4, 0), Some(5), "the revoked epoch granted again");
+        assert_eq!(lifted_epoch(2, 4, 0), Some(5), "below the HWM of a revoked fence");
+        assert_eq!(lifted_epoch(6, 4, 0), None, "a new epoch after a revocation");
+        assert_eq!(lifted_epoch(4, 7, 4), Some(8), "a HWM from before the lease");
     }
 }

@@ -92,7 +92,9 @@
 //! lowering the epoch below the fence's current epoch fails; an INSERT (or a rename onto
 //! the row's name, or any raise) that starts below the current epoch is lifted to it, so
 //! a new leader is never born stale; DELETE, TRUNCATE and renaming away revoke the grant
-//! (`lease_epoch = 0`: every epoch is then above the lease, PF003).
+//! (`lease_epoch = 0`: every epoch is then above the lease, PF003), and a row that grants
+//! a revoked fence again starts above its HWM (schema version 11), so the leader cut off
+//! stays cut off.
 
 pub mod call;
 pub mod epoch;

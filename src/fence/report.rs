@@ -116,8 +116,8 @@ pub enum LeaseStatus {
         lease_epoch: i64,
         /// `lease_epoch` was brought up to date now.
         lease_epoch_changed: bool,
-        /// The lease row's epoch was below the fence's high-water mark and was lifted
-        /// from this value (so that no new leader is born stale).
+        /// The lease row granted a stale epoch, this one, and now grants a new epoch above
+        /// the fence's current one (so that no new leader is born stale).
         lifted_from: Option<i64>,
     },
 }
@@ -190,7 +190,7 @@ impl fmt::Display for LeaseStatus {
                 };
                 write!(f, "lease {table} row \"{row}\": {trigger}, lease epoch {lease_epoch}")?;
                 if let Some(from) = lifted_from {
-                    write!(f, " (the row's epoch was lifted from {from} to the high-water mark)")?;
+                    write!(f, " (the row's epoch {from} was stale: lifted to a new epoch)")?;
                 }
                 Ok(())
             }

@@ -76,21 +76,100 @@ async fn recreated_lease_row_does_not_start_below_the_hwm() {
         .batch_execute("DELETE FROM leader_lease; INSERT INTO leader_lease (name) VALUES ('sweeper')")
         .await
         .unwrap();
-    let epoch: i64 = f
-        .admin
-        .query_one("SELECT epoch FROM leader_lease", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(epoch >= e2, "a re-created row starts at the HWM, got {epoch}");
+    assert_eq!(lease_row_epoch(&f).await, e2 + 1, "a re-created row starts a new epoch");
     let e3 = f.takeover("c").await;
-    assert!(e3 > e2, "a new leader is never born stale");
+    assert!(e3 > e2 + 1, "a new leader is never born stale");
     assert_eq!(code(&f.leader(e2).await.execute(WRITE, &[]).await), "PF001");
     f.leader(e3).await.execute(WRITE, &[]).await.unwrap();
     // Lowering the lease epoch is refused.
     let r = f.admin.execute("UPDATE leader_lease SET epoch = 1", &[]).await;
     assert!(r.is_err(), "lowering the lease epoch must fail");
     assert!(f.hwm().await >= e3);
+}
+
+/// The epoch the lease row grants.
+async fn lease_row_epoch(f: &Fixture) -> i64 {
+    f.admin
+        .query_one("SELECT epoch FROM leader_lease WHERE name = 'sweeper'", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// After a revocation (the row deleted, renamed away, the table truncated) a lease row that
+/// grants the fence again starts a new epoch above the HWM, whatever it asked for (the
+/// table's default 0, the revoked epoch itself): the leader that was cut off stays cut off,
+/// also when it had passed the guard's steady state (schema version 11). An upsert that
+/// meets the live row moves nothing, although the BEFORE INSERT trigger fires for it.
+#[tokio::test]
+async fn a_lease_row_granted_again_after_a_revocation_starts_a_new_epoch() {
+    let f = Fixture::new().await;
+    let mut epoch = f.takeover("a").await;
+    let regrants = [
+        "DELETE FROM leader_lease; INSERT INTO leader_lease (name) VALUES ('sweeper')",
+        "DELETE FROM leader_lease; \
+         INSERT INTO leader_lease (name, holder, epoch) VALUES ('sweeper', 'b', {epoch})",
+        "UPDATE leader_lease SET name = 'elsewhere'; UPDATE leader_lease SET name = 'sweeper'",
+        "TRUNCATE leader_lease; INSERT INTO leader_lease (name, epoch) VALUES ('sweeper', {epoch}) \
+         ON CONFLICT (name) DO UPDATE SET epoch = leader_lease.epoch + 1",
+    ];
+    for regrant in regrants {
+        let regrant = regrant.replace("{epoch}", &epoch.to_string());
+        let old = f.leader(epoch).await;
+        old.execute(WRITE, &[]).await.unwrap();
+        old.execute(WRITE, &[]).await.unwrap(); // the steady state
+        f.admin.batch_execute(&regrant).await.unwrap();
+        let granted = lease_row_epoch(&f).await;
+        assert_eq!(granted, epoch + 1, "{regrant}");
+        assert_eq!(f.hwm().await, epoch + 1, "{regrant}");
+        assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001", "{regrant}");
+        assert_eq!(code(&old.batch_execute(WRITE).await), "PF001", "{regrant}");
+        f.leader(granted).await.execute(WRITE, &[]).await.unwrap();
+        epoch = granted;
+    }
+    let leader = f.leader(epoch).await;
+    leader.execute(WRITE, &[]).await.unwrap();
+    f.admin
+        .batch_execute(
+            "INSERT INTO leader_lease (name) VALUES ('sweeper') ON CONFLICT DO NOTHING; \
+             INSERT INTO leader_lease (name, epoch) VALUES ('sweeper', 1) \
+               ON CONFLICT (name) DO UPDATE SET holder = 'renewed'",
+        )
+        .await
+        .unwrap();
+    assert_eq!((lease_row_epoch(&f).await, f.hwm().await), (epoch, epoch));
+    leader.execute(WRITE, &[]).await.unwrap();
+    // Control: straight to Postgres the cut-off leader's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// `init` finds a lease row that the trigger did not see start below the fence's epoch (the
+/// lease table dropped and created again, with a row at epoch 1) and starts a new epoch:
+/// the last leader, whose grant went with the old table, stays cut off.
+#[tokio::test]
+async fn init_starts_a_new_epoch_for_a_stale_lease_row() {
+    let mut f = Fixture::new().await;
+    f.takeover("a").await;
+    let epoch = f.takeover("b").await;
+    let old = f.leader(epoch).await;
+    old.execute(WRITE, &[]).await.unwrap();
+    f.admin
+        .batch_execute(
+            "DROP TABLE leader_lease; \
+             CREATE TABLE leader_lease (name text PRIMARY KEY, holder text, \
+               epoch bigint NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL DEFAULT '-infinity'); \
+             INSERT INTO leader_lease VALUES ('sweeper', 'c', 1, now() + interval '30 s')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF005", "no trigger");
+    install(&mut f.admin, f.cluster.port(), &fence_toml()).await;
+    assert_eq!((lease_row_epoch(&f).await, f.hwm().await), (epoch + 1, epoch + 1));
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
+    assert_eq!(code(&old.batch_execute(WRITE).await), "PF001");
+    f.leader(epoch + 1).await.execute(WRITE, &[]).await.unwrap();
+    // Control: straight to Postgres the cut-off leader's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
 #[tokio::test]

@@ -616,8 +616,8 @@ async fn the_lease_steady_state_calls_no_plpgsql_function() {
 /// Version 9 counts every change to a fence row's lease columns, not only to its HWM: the
 /// steady state notices a lease row deleted, renamed away or truncated (the lease then
 /// grants nothing: PF003), which leave the HWM where it was, and a takeover (PF001). Each
-/// time the session had passed twice at the lease's epoch; once the row is back, it passes
-/// again.
+/// time the session had passed twice at the lease's epoch; once the row is back, it grants
+/// a new epoch, and the old one stays refused.
 #[tokio::test]
 async fn every_change_of_the_lease_is_noticed_after_the_short_path_ran() {
     let f = Fixture::new().await;
@@ -643,7 +643,8 @@ async fn every_change_of_the_lease_is_noticed_after_the_short_path_ran() {
         }
         assert_eq!(code(&leader.execute(WRITE, &[]).await), expected, "after {change:?}");
         assert_eq!(code(&leader.batch_execute(WRITE).await), expected, "after {change:?}");
-        // The lease row back: re-created, it is born at the fence's current epoch.
+        // The lease row back: after a revocation it grants a new epoch (version 11), and
+        // the cut-off leader stays cut off.
         f.admin
             .batch_execute(
                 "DELETE FROM leader_lease WHERE name = 'elsewhere'; \
@@ -652,7 +653,15 @@ async fn every_change_of_the_lease_is_noticed_after_the_short_path_ran() {
             .await
             .unwrap();
         if !change.is_empty() {
-            leader.execute(WRITE, &[]).await.unwrap();
+            let granted: i64 = f
+                .admin
+                .query_one("SELECT epoch FROM leader_lease WHERE name = 'sweeper'", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(granted, epoch + 1, "after {change:?}");
+            assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF001", "after {change:?}");
+            epoch = granted;
         }
     }
     // Control: straight to Postgres the stale epoch's write lands.
