@@ -484,7 +484,21 @@ async fn sync_lease_epoch(
         )
         .await?;
     let (hwm, recorded): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-    if let Some((epoch, to)) = granted.and_then(|e| lifted_epoch(e, hwm, recorded).map(|to| (e, to))) {
+    let lifted = match granted {
+        Some(epoch) => lifted_epoch(epoch, hwm, recorded)
+            .map_err(|current| InstallError::LeaseTable {
+                fence: fence.name.clone(),
+                table: lease.table.clone(),
+                problem: format!(
+                    "row {:?} grants epoch {epoch}, a stale one (the fence is at {current}), \
+                     and no epoch above {current} exists: this fence can grant no new epoch",
+                    lease.row
+                ),
+            })?
+            .map(|to| (epoch, to)),
+        None => None,
+    };
+    if let Some((epoch, to)) = lifted {
         // Above the HWM: the trigger makes it a takeover, waiting for the transactions past
         // the guard, and records it.
         tx.execute(
@@ -519,11 +533,16 @@ async fn sync_lease_epoch(
 /// finds there changed where the trigger did not see it (the table dropped and created
 /// again, the trigger disabled); and a row that grants a revoked fence (`recorded` 0) at
 /// or below its HWM grants an epoch of a leader that was cut off. Either way, who holds
-/// that epoch is unknown: the row starts a new one, above the current epoch.
-fn lifted_epoch(granted: i64, hwm: i64, recorded: i64) -> Option<i64> {
+/// that epoch is unknown: the row starts a new one, above the current epoch. `Err` holds
+/// the current epoch when it is the largest there is.
+fn lifted_epoch(granted: i64, hwm: i64, recorded: i64) -> Result<Option<i64>, i64> {
     let current = hwm.max(recorded);
     let revoked = recorded == 0 && hwm >= 1;
-    (granted < current || (revoked && granted == hwm)).then_some(current + 1)
+    if granted < current || (revoked && granted == hwm) {
+        current.checked_add(1).map(Some).ok_or(current)
+    } else {
+        Ok(None)
+    }
 }
 
 /// `"schema"."table"`, always quoted: the parts are already normalised, and quoting
@@ -555,15 +574,21 @@ mod tests {
     #[test]
     fn a_lease_row_below_the_current_epoch_starts_a_new_one() {
         // (granted, hwm, recorded) -> lifted to
-        assert_eq!(lifted_epoch(0, 0, 0), None, "a fresh fence and row");
-        assert_eq!(lifted_epoch(3, 0, 0), None, "a first grant");
-        assert_eq!(lifted_epoch(4, 4, 4), None, "the live grant");
-        assert_eq!(lifted_epoch(5, 4, 4), None, "a takeover init records");
-        assert_eq!(lifted_epoch(1, 4, 4), Some(5), "a row replaced unseen");
-        assert_eq!(lifted_epoch(0, 4, 4), Some(5), "a row replaced unseen, epoch 0");
-        assert_eq!(lifted_epoch(4, 4, 0), Some(5), "the revoked epoch granted again");
-        assert_eq!(lifted_epoch(2, 4, 0), Some(5), "below the HWM of a revoked fence");
-        assert_eq!(lifted_epoch(6, 4, 0), None, "a new epoch after a revocation");
-        assert_eq!(lifted_epoch(4, 7, 4), Some(8), "a HWM from before the lease");
+        assert_eq!(lifted_epoch(0, 0, 0), Ok(None), "a fresh fence and row");
+        assert_eq!(lifted_epoch(3, 0, 0), Ok(None), "a first grant");
+        assert_eq!(lifted_epoch(4, 4, 4), Ok(None), "the live grant");
+        assert_eq!(lifted_epoch(5, 4, 4), Ok(None), "a takeover init records");
+        assert_eq!(lifted_epoch(1, 4, 4), Ok(Some(5)), "a row replaced unseen");
+        assert_eq!(lifted_epoch(0, 4, 4), Ok(Some(5)), "a row replaced unseen, epoch 0");
+        assert_eq!(lifted_epoch(4, 4, 0), Ok(Some(5)), "the revoked epoch granted again");
+        assert_eq!(lifted_epoch(2, 4, 0), Ok(Some(5)), "below the HWM of a revoked fence");
+        assert_eq!(lifted_epoch(6, 4, 0), Ok(None), "a new epoch after a revocation");
+        assert_eq!(lifted_epoch(4, 7, 4), Ok(Some(8)), "a HWM from before the lease");
+        assert_eq!(
+            lifted_epoch(i64::MAX, i64::MAX, i64::MAX),
+            Ok(None),
+            "the largest, live"
+        );
+        assert_eq!(lifted_epoch(1, i64::MAX, i64::MAX), Err(i64::MAX), "nothing above");
     }
 }

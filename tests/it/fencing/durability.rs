@@ -130,17 +130,166 @@ async fn a_lease_row_granted_again_after_a_revocation_starts_a_new_epoch() {
     let leader = f.leader(epoch).await;
     leader.execute(WRITE, &[]).await.unwrap();
     f.admin
-        .batch_execute(
+        .batch_execute(&format!(
             "INSERT INTO leader_lease (name) VALUES ('sweeper') ON CONFLICT DO NOTHING; \
-             INSERT INTO leader_lease (name, epoch) VALUES ('sweeper', 1) \
+             INSERT INTO leader_lease (name, epoch) VALUES ('sweeper', {above}) ON CONFLICT DO NOTHING; \
+             INSERT INTO leader_lease (name, epoch) VALUES ('sweeper', {above}) \
                ON CONFLICT (name) DO UPDATE SET holder = 'renewed'",
-        )
+            above = epoch + 10
+        ))
         .await
         .unwrap();
     assert_eq!((lease_row_epoch(&f).await, f.hwm().await), (epoch, epoch));
+    // EXCLUDED is the row as inserted, not lifted: taking its epoch lowers the row.
+    let r = f
+        .admin
+        .batch_execute(
+            "INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'x') \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch",
+        )
+        .await;
+    assert_eq!(code(&r), "PF001");
     leader.execute(WRITE, &[]).await.unwrap();
     // Control: straight to Postgres the cut-off leader's write lands.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// Lease changes that race are decided under the fence's lock: a row inserted while a
+/// revocation is in progress waits for it and then grants a new epoch (it neither takes the
+/// cut-off leader's epoch back nor lands beside a revoked fence); an insert that meets a row
+/// inserted by a transaction still open waits for it and changes nothing; and two
+/// acquisitions by upsert while a writer is past the guard both finish, one taking over,
+/// with no deadlock.
+#[tokio::test]
+async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
+    use std::time::Duration;
+    let f = Fixture::new().await;
+    let epoch = f.takeover("a").await;
+    let old = f.leader(epoch).await;
+    old.execute(WRITE, &[]).await.unwrap();
+    let lease = || async {
+        let row = f
+            .admin
+            .query_one(
+                "SELECT l.epoch, f.hwm, f.lease_epoch FROM leader_lease l, pgfence.fence f \
+                  WHERE l.name = 'sweeper' AND f.name = 'sweeper'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2))
+    };
+    let spawn = |sql: &'static str| {
+        let db = f.db.clone();
+        let port = f.cluster.port();
+        tokio::spawn(async move {
+            let c = connect(port, &db, "").await;
+            c.batch_execute(sql).await
+        })
+    };
+    let settle = || tokio::time::sleep(Duration::from_millis(300));
+
+    // A revocation in progress; two inserts of the row meanwhile.
+    let revoker = f.direct().await;
+    revoker
+        .batch_execute("BEGIN; DELETE FROM leader_lease WHERE name = 'sweeper'")
+        .await
+        .unwrap();
+    let first = spawn("INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'b') ON CONFLICT DO NOTHING");
+    let second = spawn(
+        "INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'c') \
+         ON CONFLICT (name) DO UPDATE SET holder = excluded.holder",
+    );
+    settle().await;
+    assert!(!first.is_finished() && !second.is_finished(), "the inserts wait");
+    revoker.batch_execute("COMMIT").await.unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(lease().await, (epoch + 1, epoch + 1, epoch + 1));
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
+    let new = f.leader(epoch + 1).await;
+    new.execute(WRITE, &[]).await.unwrap();
+
+    // An insert of the row by a transaction still open, after a revocation; another insert.
+    f.admin.batch_execute("DELETE FROM leader_lease").await.unwrap();
+    let inserter = f.direct().await;
+    inserter
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO leader_lease (name, holder, epoch) VALUES ('sweeper', 'd', {})",
+            epoch + 5
+        ))
+        .await
+        .unwrap();
+    let other = spawn("INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'e') ON CONFLICT DO NOTHING");
+    settle().await;
+    assert!(!other.is_finished(), "the second insert waits for the first");
+    inserter.batch_execute("COMMIT").await.unwrap();
+    other.await.unwrap().unwrap();
+    assert_eq!(lease().await, (epoch + 5, epoch + 5, epoch + 5));
+    let holder = f.leader(epoch + 5).await;
+    holder.execute(WRITE, &[]).await.unwrap();
+
+    // Two acquisitions by upsert while the holder's transaction is past the guard.
+    holder.batch_execute(&format!("BEGIN; {WRITE}")).await.unwrap();
+    f.admin
+        .batch_execute("UPDATE leader_lease SET expires_at = '-infinity'")
+        .await
+        .unwrap();
+    let acquire = "INSERT INTO leader_lease (name, holder, epoch, expires_at) \
+                   VALUES ('sweeper', 'f', 1, now() + interval '30 s') \
+                   ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, epoch = leader_lease.epoch + 1, \
+                     expires_at = excluded.expires_at WHERE leader_lease.expires_at < now()";
+    let (one, two) = (spawn(acquire), spawn(acquire));
+    settle().await;
+    assert!(
+        !one.is_finished() && !two.is_finished(),
+        "the takeover waits for the writer"
+    );
+    holder.batch_execute(&format!("{WRITE}; COMMIT")).await.unwrap();
+    one.await.unwrap().unwrap();
+    two.await.unwrap().unwrap();
+    assert_eq!(lease().await, (epoch + 6, epoch + 6, epoch + 6));
+    assert_eq!(code(&holder.execute(WRITE, &[]).await), "PF001");
+    // Control: straight to Postgres the cut-off leaders' writes land.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// A fence revoked at the largest epoch cannot be granted again (there is no epoch above
+/// it): the insert fails with PF003 and a message that says so, and nothing changes.
+#[tokio::test]
+async fn a_fence_revoked_at_the_largest_epoch_is_not_granted_again() {
+    let f = Fixture::new().await;
+    f.admin
+        .batch_execute(&format!(
+            "UPDATE leader_lease SET epoch = {max} WHERE name = 'sweeper'; DELETE FROM leader_lease",
+            max = i64::MAX
+        ))
+        .await
+        .unwrap();
+    let e = f
+        .admin
+        .batch_execute("INSERT INTO leader_lease (name) VALUES ('sweeper')")
+        .await
+        .expect_err("no epoch above the largest");
+    let db = e.as_db_error().expect("raised by Postgres");
+    assert_eq!(db.code().code(), "PF003");
+    assert_eq!(
+        db.message(),
+        format!(
+            "pgfence: lease row \"sweeper\" in public.leader_lease cannot grant fence \"sweeper\" \
+             a new epoch: the fence is at the largest epoch, {}",
+            i64::MAX
+        )
+    );
+    assert_eq!(f.hwm().await, i64::MAX);
+    let rows: i64 = f
+        .admin
+        .query_one("SELECT count(*) FROM leader_lease", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+    assert_eq!(code(&f.leader(i64::MAX).await.execute(WRITE, &[]).await), "PF003");
 }
 
 /// `init` finds a lease row that the trigger did not see start below the fence's epoch (the
