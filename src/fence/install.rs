@@ -219,6 +219,21 @@ pub async fn install(client: &mut Client, fences: &[Fence]) -> Result<InstallRep
             status,
         });
     }
+    // Fences sharing a lease row: a later fence's lift moves the earlier ones too.
+    for report in &mut reports {
+        if let FenceStatus::Registered { hwm, lease, .. } = &mut report.status {
+            let row = tx
+                .query_one(
+                    "SELECT hwm, lease_epoch FROM pgfence.fence WHERE name = $1",
+                    &[&report.fence],
+                )
+                .await?;
+            *hwm = row.try_get(0)?;
+            if let LeaseStatus::Installed { lease_epoch, .. } = lease {
+                *lease_epoch = row.try_get(1)?;
+            }
+        }
+    }
     tx.commit().await?;
     Ok(InstallReport {
         database,

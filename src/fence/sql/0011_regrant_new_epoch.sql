@@ -24,10 +24,11 @@
 --   fails).
 -- * pgfence.lease_insert decides for an INSERT: if the row exists, the insert meets it (a
 --   unique violation, or ON CONFLICT) and changes nothing, not even the epoch the conflict
---   clause sees as EXCLUDED; the fence is left alone. It waits for a lease change in
---   progress before it trusts that answer (a session-level shared lock, released at once, so
---   it holds nothing that a takeover's DO UPDATE could wait for). If the row does not exist
---   it takes the locks exclusive, looks again, and grants.
+--   clause sees as EXCLUDED; the fence is left alone. It reads the row FOR KEY SHARE, which
+--   waits for a DELETE or rename of it in progress and keeps it from going before the insert
+--   meets it (Postgres does not fire the trigger again when the conflict it waited for goes
+--   away). If the row does not exist it takes the fence locks exclusive, looks again, and
+--   grants.
 --
 -- Unchanged: a renewal (same row, same epoch) takes no lock; a row no fence uses is left
 -- alone; DELETE, TRUNCATE and renaming away revoke.
@@ -114,23 +115,18 @@ AS $$
 DECLARE
     v_exists boolean;
     v_f      record;
+    v_look   text := format('SELECT true FROM %s WHERE name = $1 FOR KEY SHARE', p_table);
 BEGIN
     IF NOT EXISTS (SELECT FROM pgfence.fence f WHERE f.lease_table = p_table AND f.lease_row = p_row) THEN
         RETURN NULL;
     END IF;
-    EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE name = $1)', p_table) INTO v_exists USING p_row;
+    -- FOR KEY SHARE waits for a DELETE or rename of the row in progress (a revocation), and
+    -- keeps the row from going until this transaction ends: the insert then meets it. It
+    -- does not wait for a takeover or a renewal, nor they for it. Under REPEATABLE READ a row
+    -- gone since the snapshot is a serialization failure.
+    EXECUTE v_look INTO v_exists USING p_row;
     IF v_exists THEN
-        -- A revocation in progress has already deleted the row it will commit without: wait
-        -- for it, holding nothing, then look again.
-        FOR v_f IN SELECT f.name FROM pgfence.fence f
-                    WHERE f.lease_table = p_table AND f.lease_row = p_row ORDER BY f.name LOOP
-            PERFORM pg_advisory_lock_shared(pgfence.lock_key(v_f.name));
-            PERFORM pg_advisory_unlock_shared(pgfence.lock_key(v_f.name));
-        END LOOP;
-        EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE name = $1)', p_table) INTO v_exists USING p_row;
-        IF v_exists THEN
-            RETURN NULL;
-        END IF;
+        RETURN NULL;
     END IF;
     -- A new row: under the locks, look once more (another insert of the row may have
     -- committed while this one waited), then grant.
@@ -138,7 +134,7 @@ BEGIN
                 WHERE f.lease_table = p_table AND f.lease_row = p_row ORDER BY f.name LOOP
         PERFORM pg_advisory_xact_lock(pgfence.lock_key(v_f.name));
     END LOOP;
-    EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE name = $1)', p_table) INTO v_exists USING p_row;
+    EXECUTE v_look INTO v_exists USING p_row;
     IF v_exists THEN
         RETURN NULL;
     END IF;

@@ -157,9 +157,11 @@ async fn a_lease_row_granted_again_after_a_revocation_starts_a_new_epoch() {
 /// Lease changes that race are decided under the fence's lock: a row inserted while a
 /// revocation is in progress waits for it and then grants a new epoch (it neither takes the
 /// cut-off leader's epoch back nor lands beside a revoked fence); an insert that meets a row
-/// inserted by a transaction still open waits for it and changes nothing; and two
-/// acquisitions by upsert while a writer is past the guard both finish, one taking over,
-/// with no deadlock.
+/// inserted by a transaction still open waits for it and changes nothing; two acquisitions
+/// by upsert while a writer is past the guard both finish, one taking over, with no
+/// deadlock; an upsert that meets a row a release is about to delete grants once it
+/// inserts; and under REPEATABLE READ a row gone since the snapshot is a serialization
+/// failure.
 #[tokio::test]
 async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
     use std::time::Duration;
@@ -250,8 +252,91 @@ async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
     two.await.unwrap().unwrap();
     assert_eq!(lease().await, (epoch + 6, epoch + 6, epoch + 6));
     assert_eq!(code(&holder.execute(WRITE, &[]).await), "PF001");
+
+    // An acquisition by upsert that meets the row while a release waits for it: the release
+    // goes first, and the upsert, which then inserts, grants a new epoch (Postgres does not
+    // fire the row trigger again when the conflict it waited for goes away).
+    let locker = f.direct().await;
+    locker
+        .batch_execute("BEGIN; SELECT FROM leader_lease WHERE name = 'sweeper' FOR UPDATE")
+        .await
+        .unwrap();
+    let release = spawn("DELETE FROM leader_lease WHERE name = 'sweeper'");
+    settle().await;
+    let late = spawn(acquire);
+    settle().await;
+    assert!(!release.is_finished() && !late.is_finished(), "both wait for the row");
+    locker.batch_execute("COMMIT").await.unwrap();
+    release.await.unwrap().unwrap();
+    late.await.unwrap().unwrap();
+    assert_eq!(lease().await, (epoch + 7, epoch + 7, epoch + 7));
+
+    // Under REPEATABLE READ an insert of a row that went since the snapshot is a
+    // serialization failure, and leaves the lease revoked.
+    let rr = f.direct().await;
+    rr.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM sweep_state")
+        .await
+        .unwrap();
+    f.admin.batch_execute("DELETE FROM leader_lease").await.unwrap();
+    let r = rr
+        .batch_execute("INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'g')")
+        .await;
+    assert_eq!(code(&r), "40001");
+    rr.batch_execute("ROLLBACK").await.unwrap();
+    let revoked: (i64, i64, i64) = f
+        .admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM leader_lease), hwm, lease_epoch FROM pgfence.fence",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .unwrap();
+    assert_eq!(revoked, (0, epoch + 7, 0));
     // Control: straight to Postgres the cut-off leaders' writes land.
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+}
+
+/// Two fences share one lease row; the second one `init` registers is at a higher mark, so
+/// the row is lifted for both: the report gives both fences their values after the install,
+/// not the first fence's from before the lift.
+#[tokio::test]
+async fn init_reports_fences_sharing_a_lease_row_as_they_end() {
+    use pgfence::fence::install::{FenceStatus, LeaseStatus};
+    let mut f = Fixture::new().await;
+    let epoch = f.takeover("a").await;
+    f.admin
+        .batch_execute("SELECT pgfence.guard('beta', 7, NULL, true)")
+        .await
+        .unwrap();
+    let toml = format!(
+        "upstream = \"127.0.0.1:{}\"\n{}[[fence]]\nname = \"beta\"\ntables = [\"audit\"]\n\
+         [fence.lease]\ntable = \"public.leader_lease\"\nrow = \"sweeper\"\n",
+        f.cluster.port(),
+        fence_toml()
+    );
+    let config = pgfence::config::RawConfig::from_toml(&toml)
+        .unwrap()
+        .validate()
+        .unwrap();
+    let report = pgfence::fence::install::install(&mut f.admin, &config.fences)
+        .await
+        .unwrap();
+    let ends: Vec<(String, i64, i64)> = report
+        .fences
+        .iter()
+        .map(|r| match &r.status {
+            FenceStatus::Registered {
+                hwm,
+                lease: LeaseStatus::Installed { lease_epoch, .. },
+                ..
+            } => (r.fence.clone(), *hwm, *lease_epoch),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(epoch < 7);
+    assert_eq!(ends, [("sweeper".to_owned(), 8, 8), ("beta".to_owned(), 8, 8)]);
+    assert_eq!(lease_row_epoch(&f).await, 8);
 }
 
 /// A fence revoked at the largest epoch cannot be granted again (there is no epoch above
