@@ -173,8 +173,8 @@ impl Elector {
 
     /// Creates the lease row (vacant, epoch 0) unless it exists. Acquire never inserts: a
     /// missing row means no election has been set up, and silently starting one at epoch 1
-    /// could hide a deleted row (pgfence's lease trigger lifts a re-created row to the fence's
-    /// high-water mark, so it is safe, just surprising).
+    /// could hide a deleted row (pgfence's lease trigger starts a re-created row at a new
+    /// epoch above the fence's high-water mark, so it is safe, just surprising).
     pub async fn ensure_row(&self, client: &Client) -> Result<(), LeaseError> {
         let sql = format!(
             "INSERT INTO {} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",

@@ -27,8 +27,9 @@
 --   clause sees as EXCLUDED; the fence is left alone. It reads the row FOR KEY SHARE, which
 --   waits for a DELETE or rename of it in progress and keeps it from going before the insert
 --   meets it (Postgres does not fire the trigger again when the conflict it waited for goes
---   away). If the row does not exist it takes the fence locks exclusive, looks again, and
---   grants.
+--   away). If the row does not exist it waits for any other insert or rename of it (an
+--   advisory lock of the row's, pgfence.lease_row_appears), looks again, and grants under
+--   the fence locks.
 --
 -- Unchanged: a renewal (same row, same epoch) takes no lock; a row no fence uses is left
 -- alone; DELETE, TRUNCATE and renaming away revoke.
@@ -104,6 +105,17 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.lease_grant(text, text, bigint, boolean, boolean) FROM PUBLIC;
 
+-- Serialises the ways row p_row of lease table p_table comes to be (an insert, a rename onto
+-- it), to the end of the transaction: a two-int advisory key, apart from the fences' bigint
+-- keys (the first int is the one of init's lock).
+CREATE FUNCTION pgfence.lease_row_appears(p_table text, p_row text) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+    SELECT pg_advisory_xact_lock(1885824613, hashtext('pgfence lease row:' || p_table || ' ' || p_row))
+$$;
+REVOKE ALL ON FUNCTION pgfence.lease_row_appears(text, text) FROM PUBLIC;
+
 -- The grant of an INSERT of row p_row into lease table p_table asking for p_epoch: the epoch
 -- the row must carry, NULL to leave it as it is (no fence uses the row, or the insert meets
 -- the row that exists and so changes nothing).
@@ -128,12 +140,11 @@ BEGIN
     IF v_exists THEN
         RETURN NULL;
     END IF;
-    -- A new row: under the locks, look once more (another insert of the row may have
-    -- committed while this one waited), then grant.
-    FOR v_f IN SELECT f.name FROM pgfence.fence f
-                WHERE f.lease_table = p_table AND f.lease_row = p_row ORDER BY f.name LOOP
-        PERFORM pg_advisory_xact_lock(pgfence.lock_key(v_f.name));
-    END LOOP;
+    -- A new row: once no other insert or rename of it is in progress, look once more (one
+    -- may have committed meanwhile), then grant. Not under the fences' locks: an insert that
+    -- then meets the row and waits for it in DO UPDATE must not hold them, or a takeover
+    -- holding the row and waiting for them would deadlock with it.
+    PERFORM pgfence.lease_row_appears(p_table, p_row);
     EXECUTE v_look INTO v_exists USING p_row;
     IF v_exists THEN
         RETURN NULL;
@@ -167,6 +178,7 @@ BEGIN
     ELSIF NEW.name IS DISTINCT FROM OLD.name THEN
         -- A rename: the old name's fences lose their grant, the new name's gain one.
         PERFORM pgfence.lease_revoke(v_table, OLD.name);
+        PERFORM pgfence.lease_row_appears(v_table, NEW.name);
         v_epoch := pgfence.lease_grant(v_table, NEW.name, NEW.epoch, false, true);
     ELSE
         v_epoch := pgfence.lease_grant(v_table, NEW.name, NEW.epoch, NEW.epoch < OLD.epoch, false);

@@ -297,6 +297,54 @@ async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
+/// An acquisition by upsert that waited for another insert of the lease row, and then meets
+/// that row, holds none of the fence's locks while it waits for the row in DO UPDATE: a
+/// takeover that holds the row and waits for the fence's lock (behind a writer past the
+/// guard) does not deadlock with it. Both take over, one after the other.
+#[tokio::test]
+async fn an_upsert_meeting_a_new_row_holds_no_fence_lock() {
+    use std::time::Duration;
+    let f = Fixture::new().await;
+    let epoch = f.takeover("a").await;
+    f.admin.batch_execute("DELETE FROM leader_lease").await.unwrap();
+    let settle = || tokio::time::sleep(Duration::from_millis(300));
+    let spawn = |sql: &'static str| {
+        let db = f.db.clone();
+        let port = f.cluster.port();
+        tokio::spawn(async move { connect(port, &db, "").await.batch_execute(sql).await })
+    };
+    let inserter = f.direct().await;
+    inserter
+        .batch_execute("BEGIN; INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'x')")
+        .await
+        .unwrap();
+    let writer = f.leader(epoch + 1).await;
+    let writer = tokio::spawn(async move {
+        writer.batch_execute(&format!("BEGIN; {WRITE}")).await.unwrap();
+        writer
+    });
+    let upsert = spawn(
+        "INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'y') \
+         ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, epoch = leader_lease.epoch + 1 \
+         WHERE leader_lease.expires_at < now()",
+    );
+    settle().await;
+    inserter.batch_execute("COMMIT").await.unwrap();
+    let writer = writer.await.unwrap(); // past the guard at the inserted row's epoch
+    settle().await;
+    let takeover = spawn("UPDATE leader_lease SET holder = 'z', epoch = epoch + 1 WHERE name = 'sweeper'");
+    settle().await;
+    assert!(
+        !upsert.is_finished() && !takeover.is_finished(),
+        "both wait for the writer"
+    );
+    writer.batch_execute("COMMIT").await.unwrap();
+    upsert.await.unwrap().unwrap();
+    takeover.await.unwrap().unwrap();
+    assert_eq!(lease_row_epoch(&f).await, epoch + 3);
+    assert_eq!(f.hwm().await, epoch + 3);
+}
+
 /// Two fences share one lease row; the second one `init` registers is at a higher mark, so
 /// the row is lifted for both: the report gives both fences their values after the install,
 /// not the first fence's from before the lift.
