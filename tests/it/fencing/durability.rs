@@ -96,6 +96,12 @@ async fn lease_row_epoch(f: &Fixture) -> i64 {
         .get(0)
 }
 
+/// Runs `sql` straight against Postgres on a connection of its own, in the background.
+fn spawn_direct(f: &Fixture, sql: &'static str) -> tokio::task::JoinHandle<Result<(), tokio_postgres::Error>> {
+    let (db, port) = (f.db.clone(), f.cluster.port());
+    tokio::spawn(async move { connect(port, &db, "").await.batch_execute(sql).await })
+}
+
 /// After a revocation (the row deleted, renamed away, the table truncated) a lease row that
 /// grants the fence again starts a new epoch above the HWM, whatever it asked for (the
 /// table's default 0, the revoked epoch itself): the leader that was cut off stays cut off,
@@ -181,15 +187,8 @@ async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
             .unwrap();
         (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2))
     };
-    let spawn = |sql: &'static str| {
-        let db = f.db.clone();
-        let port = f.cluster.port();
-        tokio::spawn(async move {
-            let c = connect(port, &db, "").await;
-            c.batch_execute(sql).await
-        })
-    };
     let settle = || tokio::time::sleep(Duration::from_millis(300));
+    let spawn = |sql: &'static str| spawn_direct(&f, sql);
 
     // A revocation in progress; two inserts of the row meanwhile.
     let revoker = f.direct().await;
@@ -308,11 +307,7 @@ async fn an_upsert_meeting_a_new_row_holds_no_fence_lock() {
     let epoch = f.takeover("a").await;
     f.admin.batch_execute("DELETE FROM leader_lease").await.unwrap();
     let settle = || tokio::time::sleep(Duration::from_millis(300));
-    let spawn = |sql: &'static str| {
-        let db = f.db.clone();
-        let port = f.cluster.port();
-        tokio::spawn(async move { connect(port, &db, "").await.batch_execute(sql).await })
-    };
+    let spawn = |sql: &'static str| spawn_direct(&f, sql);
     let inserter = f.direct().await;
     inserter
         .batch_execute("BEGIN; INSERT INTO leader_lease (name, holder) VALUES ('sweeper', 'x')")
