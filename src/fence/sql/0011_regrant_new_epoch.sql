@@ -51,7 +51,7 @@ DECLARE
     v_any   boolean := false;
     v_f     record;
 BEGIN
-    -- Lock first, in name order (two fences sharing a row cannot deadlock), then read: in
+    -- Lock first, in name order (two grants of a shared row cannot deadlock), then read: in
     -- read committed each statement below sees every lease change the locks waited for.
     FOR v_f IN SELECT f.name FROM pgfence.fence f
                 WHERE f.lease_table = p_table AND f.lease_row = p_row ORDER BY f.name LOOP
