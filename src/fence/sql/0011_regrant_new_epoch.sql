@@ -126,7 +126,6 @@ CREATE FUNCTION pgfence.lease_insert(p_table text, p_row text, p_epoch bigint)
 AS $$
 DECLARE
     v_exists boolean;
-    v_f      record;
     v_look   text := format('SELECT true FROM %s WHERE name = $1 FOR KEY SHARE', p_table);
 BEGIN
     IF NOT EXISTS (SELECT FROM pgfence.fence f WHERE f.lease_table = p_table AND f.lease_row = p_row) THEN
