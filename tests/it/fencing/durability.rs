@@ -96,6 +96,11 @@ async fn lease_row_epoch(f: &Fixture) -> i64 {
         .get(0)
 }
 
+/// Long enough for a statement sent in the background to reach the lock it waits for.
+async fn settle() {
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+}
+
 /// Runs `sql` straight against Postgres on a connection of its own, in the background.
 fn spawn_direct(f: &Fixture, sql: &'static str) -> tokio::task::JoinHandle<Result<(), tokio_postgres::Error>> {
     let (db, port) = (f.db.clone(), f.cluster.port());
@@ -170,7 +175,6 @@ async fn a_lease_row_granted_again_after_a_revocation_starts_a_new_epoch() {
 /// failure.
 #[tokio::test]
 async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
-    use std::time::Duration;
     let f = Fixture::new().await;
     let epoch = f.takeover("a").await;
     let old = f.leader(epoch).await;
@@ -187,7 +191,6 @@ async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
             .unwrap();
         (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2))
     };
-    let settle = || tokio::time::sleep(Duration::from_millis(300));
     let spawn = |sql: &'static str| spawn_direct(&f, sql);
 
     // A revocation in progress; two inserts of the row meanwhile.
@@ -302,11 +305,9 @@ async fn lease_changes_that_race_are_decided_under_the_fence_lock() {
 /// guard) does not deadlock with it. Both take over, one after the other.
 #[tokio::test]
 async fn an_upsert_meeting_a_new_row_holds_no_fence_lock() {
-    use std::time::Duration;
     let f = Fixture::new().await;
     let epoch = f.takeover("a").await;
     f.admin.batch_execute("DELETE FROM leader_lease").await.unwrap();
-    let settle = || tokio::time::sleep(Duration::from_millis(300));
     let spawn = |sql: &'static str| spawn_direct(&f, sql);
     let inserter = f.direct().await;
     inserter
