@@ -68,11 +68,10 @@ impl<'a> Cur<'a> {
         ident_value(self.text, &t)
     }
 
-    /// The name of a savepoint, a prepared statement or an EXPLAIN option: an
-    /// identifier, or a `U&"…"` one with its optional `UESCAPE 'c'`, decoded
+    /// An identifier, or a `U&"…"` one with its optional `UESCAPE 'c'`, decoded
     /// as Postgres does. `None` if there is none or it cannot be decoded (a
-    /// `U&"…"` one may then have been consumed). Table names are not read
-    /// this way: they stay unreadable in that form, so they fail closed.
+    /// `U&"…"` one may then have been consumed): a table name that cannot be
+    /// read fails closed.
     fn decoded_ident(&mut self) -> Option<String> {
         let text = self.text;
         let Some(t) = self.toks.next_if(|t| t.kind == TokenKind::UnicodeIdent) else {
@@ -85,17 +84,26 @@ impl<'a> Cur<'a> {
         unicode_ident_value(text, &t, escape)
     }
 
-    /// A possibly qualified name; `None` if absent or unreadable (`U&"…"`).
+    /// A possibly qualified name, each part maybe `U&"…"`; `None` if absent or
+    /// unreadable (see [`Self::name_part`]).
     fn name(&mut self) -> Option<TableName> {
-        let mut parts = vec![self.ident()?];
+        let mut parts = vec![self.name_part()?];
         while self.eat_punct(b'.') {
-            parts.push(self.ident()?);
+            parts.push(self.name_part()?);
         }
         let name = parts.pop()?;
         Some(TableName {
             schema: parts.pop(),
             name,
         })
+    }
+
+    /// One part of a table name: an identifier, or a `U&"…"` one that decodes to ASCII.
+    /// Beyond ASCII, the name Postgres makes of the code points depends on the server
+    /// encoding (some encodings give two code points one character), so it fails closed.
+    fn name_part(&mut self) -> Option<String> {
+        let unicode = self.toks.peek().is_some_and(|t| t.kind == TokenKind::UnicodeIdent);
+        self.decoded_ident().filter(|v| !unicode || v.is_ascii())
     }
 
     /// Where the next token starts, relative to the text.

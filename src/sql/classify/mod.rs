@@ -484,10 +484,10 @@ impl<'a> Ctx<'a> {
     /// the top of a statement (0A000), and everything after the target is read.
     /// The lexer reads that target in a fraction of a parse, and applications
     /// that inline their values send texts no cache would ever see twice.
-    /// `None` (parse instead) when the target cannot be read or a `U&"…"`
-    /// identifier could spell any name.
+    /// A `U&"…"` target is decoded as Postgres decodes it. `None` (parse
+    /// instead) when the target cannot be read.
     fn plain_dml(&self, span: &Range<usize>, first: &str) -> Option<StmtKind> {
-        if !matches!(first, "insert" | "update" | "delete" | "merge") || self.may_spell_any_name(span) {
+        if !matches!(first, "insert" | "update" | "delete" | "merge") {
             return None;
         }
         self.dml_write(self.text(span))

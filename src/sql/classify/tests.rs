@@ -564,9 +564,28 @@ const ROWS: &[(&str, &str)] = &[
     ("DO $$ BEGIN PERFORM 1; END $$", "other"),
     ("DO E'BEGIN DELETE FROM \\x69nvoices; END'", "pf004:0,1,2"),
     ("DO U&'BEGIN DELETE FROM \\0069nvoices; END'", "pf004:0,1,2"),
-    // Unicode-escaped identifiers cannot be matched by name.
+    // A Unicode-escaped target is decoded as Postgres decodes it (no case folding); one
+    // that does not decode fails closed.
     ("SELECT * FROM U&\"\\0069nvoices\"", "other"),
-    ("DELETE FROM U&\"\\0069nvoices\"", "pf004:0,1,2"),
+    ("DELETE FROM U&\"\\0069nvoices\"", "write:invoices"),
+    ("update U&\"plai\\006e\" set v = 'u' where id = 1", "other"),
+    (
+        "INSERT INTO u&\"!0069nvoices\" UESCAPE '!' VALUES (1)",
+        "write:invoices",
+    ),
+    ("UPDATE U&\"billing\".U&\"\\006Cedger\" SET a = 1", "write:ledger"),
+    (
+        "MERGE INTO U&\"Mi\\0078ed\" m USING s ON true WHEN MATCHED THEN DELETE",
+        "write:Mixed",
+    ),
+    ("UPDATE U&\"mi\\0078ed\" SET a = 1", "other"),
+    ("TRUNCATE plain, U&\"\\0069nvoices\"", "write:invoices"),
+    ("COPY U&\"\\0069nvoices\" FROM STDIN", "write:invoices"),
+    ("DELETE FROM U&\"\\D800nvoices\"", "pf004:0,1,2"),
+    ("DELETE FROM U&\"\\00e9t\\00e9\"", "pf004:0,1,2"),
+    ("DELETE FROM billing.U&\"l\\00e9dger\"", "pf004:0,1,2"),
+    ("DELETE FROM U&\"!0069nvoices\" UESCAPE 'ab'", "pf004:0,1,2"),
+    ("WITH d AS (DELETE FROM U&\"\\0069nvoices\") SELECT 1", "pf004:0,1,2"),
     (
         "UPDATE x SET a = 1 FROM U&\"\\0069nvoices\" i WHERE x.id = i.id",
         "other",

@@ -29,6 +29,8 @@ const FORMS: &[&str] = &[
     "ALTER TABLE sweep_state RENAME TO sweep_state2",
     "COPY (UPDATE sweep_state SET note = 'c' RETURNING id) TO STDOUT",
     "UPDATE /* comment */ sweep_state SET note = 'it''s; tricky' WHERE id = 1",
+    "UPDATE U&\"sweep\\005fstate\" SET note = 'unicode' WHERE id = 1",
+    "DELETE FROM public.u&\"sweep!005fstate\" UESCAPE '!' WHERE id = 1",
 ];
 
 /// A digest of everything a write could change.
@@ -693,4 +695,24 @@ async fn a_configured_name_with_capitals_fences_the_table_spelled_as_written_too
     }
     let landed: i64 = f.admin.query_one(count, &[]).await.unwrap().get(0);
     assert_eq!(landed, 2 + writes.len() as i64);
+}
+
+/// A table named with Unicode escapes (`U&"…"`) is the table Postgres names: an unfenced
+/// one is written without an epoch, as straight to Postgres; a fenced one wants the epoch
+/// (PF002 without one). A name whose escapes go beyond ASCII, which the server's encoding
+/// decides, fails closed (PF004). The stale and current cases are in [`FORMS`].
+#[tokio::test]
+async fn a_unicode_escaped_table_name_is_the_table_postgres_names() {
+    let f = Fixture::at_epoch_two().await;
+    let none = f.session("").await;
+    let unfenced = "UPDATE U&\"\\0061udit\" SET note = 'u'";
+    none.batch_execute(unfenced).await.unwrap();
+    none.execute(unfenced, &[]).await.unwrap();
+    let fenced = "UPDATE U&\"sweep\\005fstate\" SET note = 'u' WHERE id = 1";
+    assert_eq!(code(&none.batch_execute(fenced).await), "PF002");
+    assert_eq!(code(&none.execute(fenced, &[]).await), "PF002");
+    let current = f.leader(2).await;
+    let beyond = "UPDATE U&\"sweep\\005fstat\\00e9\" SET note = 'u'";
+    assert_eq!(code(&current.batch_execute(beyond).await), "PF004");
+    assert_eq!(f.note().await.0, "init");
 }
