@@ -61,7 +61,8 @@ fn invalid(setting: Setting, reason: &str, fence: Option<&str>) -> Rejection {
             }
         }
         .into(),
-        // Raised without the schema (a DO block): a SET needs none.
+        // Raised by a DO block, which needs no schema (a SET needs none); the caller adds
+        // the session's fence, whose current epoch it appends where the schema can give it.
         fences: Vec::new(),
     }
 }

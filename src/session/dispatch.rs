@@ -265,7 +265,7 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return (Some(raise_block(&r)), true);
+            return (Some(raise_block(&r, &[])), true);
         }
         let scs = shared.reported.standard_conforming_strings;
         let analysis = self
@@ -277,7 +277,7 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            return (Some(raise_block(&r)), true);
+            return (Some(raise_block(&r, &[])), true);
         }
         let analysis = self.keyed(shared, analysis, unsynced);
         // A text taken whole may hide a BEGIN among its statements.
@@ -383,7 +383,7 @@ impl Dispatcher {
                     Err(rejection) => {
                         // Replace the SET: Postgres raises PF003 in its place, the value stays.
                         out.copy(&sql[copied..stmt.span.start]);
-                        out.replace(&raise_block(&rejection), &sql[stmt.span.clone()]);
+                        out.replace(&self.refuse_declaration(rejection), &sql[stmt.span.clone()]);
                         copied = stmt.span.end;
                         changed = true;
                         fails = true;
@@ -398,15 +398,18 @@ impl Dispatcher {
                 done: 0,
                 positions: None,
             });
-            let refusal = raise_block(&Rejection {
-                code: crate::error::sqlstate::UNANALYSABLE,
-                message: format!(
-                    "pgfence: statement is not valid UTF-8 and may write a table of fence {}; refused",
-                    self.applicable_names()
-                ),
-                hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
-                fences: Vec::new(),
-            });
+            let refusal = raise_block(
+                &Rejection {
+                    code: crate::error::sqlstate::UNANALYSABLE,
+                    message: format!(
+                        "pgfence: statement is not valid UTF-8 and may write a table of fence {}; refused",
+                        self.applicable_names()
+                    ),
+                    hint: "Use client_encoding UTF8 for sessions that write fenced tables.".into(),
+                    fences: Vec::new(),
+                },
+                &[],
+            );
             return (Some(refusal), true);
         }
         if !changed {
@@ -810,17 +813,28 @@ impl Dispatcher {
         self.query_prefix = Some(sql);
     }
 
+    /// The session's fence ([`Self::session_fence`]) among those that apply to its database.
+    fn session_fence_id(&self) -> Option<FenceId> {
+        let name = self.session_fence()?;
+        self.fences
+            .applicable
+            .iter()
+            .copied()
+            .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == name))
+    }
+
+    /// An invalid declaration's PF003 in place of the statement: Postgres raises it, with the
+    /// current epoch of the session's fence when the database can give it.
+    fn refuse_declaration(&self, mut r: Rejection) -> String {
+        r.fences.extend(self.session_fence_id());
+        raise_block(&r, &self.epoch_names(&r))
+    }
+
     /// The fence and epoch the session's next fenced write would be guarded for, when pgfence
     /// can tell and the fence has a guard: reject mode, or rewrite mode with a lease.
     fn const_guard_wanted(&self) -> Option<(FenceId, Epoch)> {
         let epoch = *self.speculative.epoch.current()?;
-        let name = self.session_fence()?;
-        let fence = self
-            .fences
-            .applicable
-            .iter()
-            .copied()
-            .find(|f| self.fences.names.get(usize::from(f.0)).is_some_and(|x| x == name))?;
+        let fence = self.session_fence_id()?;
         (!self.unguarded(fence)).then_some((fence, epoch))
     }
 
@@ -914,7 +928,7 @@ impl Dispatcher {
             // The statement sent raises PF004 itself.
             let defined = shared.define(name, self.batch, Arc::default(), false);
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
-            return Some(raise_block(&r));
+            return Some(raise_block(&r, &[]));
         }
         let scs = shared.reported.standard_conforming_strings;
         let analysis = self
@@ -924,7 +938,7 @@ impl Dispatcher {
             self.rw_statements.remove(name);
             let defined = shared.define(name, self.batch, Arc::default(), false);
             shared.pending.push_back(Unit::Parse(None, Some(defined), None));
-            return Some(raise_block(&r));
+            return Some(raise_block(&r, &[]));
         }
         let analysis = self.keyed(shared, analysis, shared.unsynced);
         // A statement that opens a transaction block does so whenever it runs, maybe in a
@@ -943,7 +957,7 @@ impl Dispatcher {
             if let StmtKind::Declare(d) = &stmt.kind {
                 if let Err(rejection) = super::declaration::effect(d, shared.defined, self.session_fence()) {
                     // pgfence's own error, without a position.
-                    replacement = Some((raise_block(&rejection), Arc::default()));
+                    replacement = Some((self.refuse_declaration(rejection), Arc::default()));
                 }
             }
         }
@@ -1702,14 +1716,30 @@ fn swallow_backslashes(sql: &str) -> String {
     out
 }
 
-/// A statement that raises `r` without needing the pgfence schema.
-fn raise_block(r: &Rejection) -> String {
-    let body = format!(
-        "BEGIN RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}, HINT = {}; END",
-        guard_sql::quote_literal(r.code),
-        guard_sql::quote_literal(&r.message),
+/// A statement that raises `r` without needing the pgfence schema. With `epochs_of`, the
+/// current epochs of those fences are appended to the message as `pgfence.reject` (schema
+/// version 7) appends them, when the database has that function; without it, or if it
+/// fails otherwise, the message stays as it is.
+fn raise_block(r: &Rejection, epochs_of: &[&str]) -> String {
+    let code = guard_sql::quote_literal(r.code);
+    let raise = format!(
+        "RAISE EXCEPTION USING ERRCODE = {code}, MESSAGE = m, HINT = {};",
         guard_sql::quote_literal(&r.hint)
     );
+    let message = guard_sql::quote_literal(&r.message);
+    let body = if epochs_of.is_empty() {
+        format!("DECLARE m pg_catalog.text := {message}; BEGIN {raise} END")
+    } else {
+        format!(
+            "DECLARE m pg_catalog.text := {message}; s pg_catalog.text; t pg_catalog.text; BEGIN \
+             IF pg_catalog.to_regprocedure('pgfence.reject(pg_catalog.text, pg_catalog.text, pg_catalog.text, \
+             pg_catalog.text[])') IS NOT NULL THEN BEGIN \
+             EXECUTE 'SELECT pgfence.reject($1, $2, NULL, $3)' USING {code}, m, {}::pg_catalog.text[]; \
+             EXCEPTION WHEN OTHERS THEN GET STACKED DIAGNOSTICS s = RETURNED_SQLSTATE, t = MESSAGE_TEXT; \
+             IF s OPERATOR(pg_catalog.=) {code} THEN m := t; END IF; END; END IF; {raise} END",
+            guard_sql::quote_literal(&guard_sql::fences_param(epochs_of))
+        )
+    };
     format!("DO {}", guard_sql::quote_literal(&body))
 }
 

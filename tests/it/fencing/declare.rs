@@ -523,12 +523,20 @@ async fn refusals_name_the_fence_and_its_current_epoch() {
     let call = "DO $$ BEGIN UPDATE sweep_state SET note = 'd' WHERE id = 1; END $$";
     assert_eq!(refusal(s.batch_execute(call).await), unanalysable, "simple");
     assert_eq!(refusal(s.execute(call, &[]).await), unanalysable, "extended");
+    // A SET names the session's fence, the value it refused and the current epoch.
+    let invalid = "pgfence: invalid value for pgfence.epoch of fence \"sweeper\": invalid epoch \"0\": out of range; \
+                   an epoch is an integer from 1 to 9223372036854775807 (current epoch 2)";
     let r = s.batch_execute("SET pgfence.epoch = 0").await;
     assert_eq!(code(&r), "PF003");
+    assert_eq!(refusal(r), invalid, "simple");
+    let r = s.execute("SET pgfence.epoch = 0", &[]).await;
+    assert_eq!(code(&r), "PF003");
+    assert_eq!(refusal(r), invalid, "extended");
+    let r = s.batch_execute("BEGIN; SET LOCAL pgfence.epoch = 'x'").await;
     assert!(
-        refusal(r).starts_with("pgfence: invalid value for pgfence.epoch of fence \"sweeper\": "),
-        "a SET names the session's fence"
+        refusal(r).ends_with("not an integer; an epoch is an integer from 1 to 9223372036854775807 (current epoch 2)")
     );
+    s.batch_execute("ROLLBACK").await.unwrap();
     let r = try_connect(f.proxy.port(), &f.db, "-c pgfence.epoch=0").await;
     assert_eq!(code(&r), "PF003");
     assert!(

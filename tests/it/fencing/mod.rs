@@ -323,6 +323,14 @@ async fn database_without_init_gets_pf005() {
     // PF005 wins over PF002 (no epoch) too.
     let s = connect(proxy.port(), &db, "").await;
     assert_eq!(code(&s.batch_execute("DELETE FROM sweep_state").await), "PF005");
+    // An invalid epoch is PF003 all the same, without the current epoch no schema holds.
+    let r = s.batch_execute("SET pgfence.epoch = 0").await;
+    assert_eq!(code(&r), "PF003");
+    let msg = r.unwrap_err().as_db_error().unwrap().message().to_owned();
+    assert!(
+        msg.ends_with("an epoch is an integer from 1 to 9223372036854775807"),
+        "{msg}"
+    );
     // Reads and unfenced writes are not affected.
     s.batch_execute("SELECT * FROM sweep_state; INSERT INTO audit (note) VALUES ('x')")
         .await
