@@ -236,8 +236,18 @@ where
                     // Postgres would drop the connection without a word; say why.
                     violation = Some(format!(
                         "message type '{}' of {} bytes exceeds the protocol's limit",
-                        h.tag as char, h.body_len
+                        shown(h.tag),
+                        h.body_len
                     ));
+                    break;
+                }
+                if st.copy_in && !matches!(h.tag, b'd' | b'c' | b'f' | b'S' | b'H' | b'X') {
+                    // Postgres fails the COPY on the type byte alone (08P01 "unexpected message
+                    // type", then FATAL: it was reading a message): it gets the header and
+                    // says so itself, and the session ends after its answer.
+                    em.forward(&rb.buf, pos, pos + HEADER_LEN);
+                    pos += HEADER_LEN;
+                    violation = Some(format!("message type '{}' during COPY FROM STDIN", shown(h.tag)));
                     break;
                 }
                 let whole = match h.tag {
@@ -248,7 +258,7 @@ where
                     b'Q' | b'P' => total,
                     b'B' => total.min(HEADER_LEN + BIND_PREFIX),
                     b'E' | b'C' | b'D' | b'S' | b'H' | b'X' if h.body_len > SMALL_MESSAGE => {
-                        violation = Some(format!("message type '{}' too long", h.tag as char));
+                        violation = Some(format!("message type '{}' too long", shown(h.tag)));
                         break;
                     }
                     b'E' | b'C' | b'D' | b'S' | b'H' | b'X' => total,
@@ -384,10 +394,7 @@ fn handle_client_message(
     st: &mut Shared,
     disp: &mut Dispatcher,
 ) -> Result<Action, String> {
-    let malformed = || format!("malformed message type '{}'", tag as char);
-    if st.copy_in && !matches!(tag, b'd' | b'c' | b'f' | b'S' | b'H' | b'X') {
-        return Err(format!("message type '{}' during COPY FROM STDIN", tag as char));
-    }
+    let malformed = || format!("malformed message type '{}'", shown(tag));
     let mut body = Body::new(&msg[HEADER_LEN..]);
     match tag {
         b'Q' => {
@@ -492,6 +499,9 @@ fn handle_client_message(
             }
             Ok(Action::Forward)
         }
+        // Postgres answers a Sync or Flush with a body by an error where pgfence counts on
+        // a ReadyForQuery or on nothing; in COPY it ignores the body.
+        b'S' | b'H' if !st.copy_in && !body.rest().is_empty() => Err(malformed()),
         b'S' => {
             disp.on_sync(st);
             Ok(Action::Forward)
@@ -511,6 +521,11 @@ fn handle_client_message(
         b'X' => Ok(Action::Terminate),
         _ => Ok(Action::Forward),
     }
+}
+
+/// A message type byte as the log and a FATAL message show it: escaped unless printable ASCII.
+fn shown(tag: u8) -> std::ascii::EscapeDefault {
+    std::ascii::escape_default(tag)
 }
 
 /// The name at the start of `bytes` and what follows its NUL; when the NUL is not among

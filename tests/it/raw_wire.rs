@@ -77,12 +77,59 @@ async fn negative_length_and_malformed_messages_get_08p01() {
         message(b'Q', b"SELECT 1"),
         message(b'E', b"no-terminator"),
         message(b'P', b"stmt\0SELECT 1"),
+        // Postgres answers these by an error where a ReadyForQuery, or nothing, is owed.
+        [message(b'H', b"abc"), query("SELECT 1"), message(b'S', b"")].concat(),
+        message(b'S', b"x"),
     ] {
         let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
         raw.send(&bad).await;
         let rest = raw.read_until(|_| false).await;
         assert_eq!(codes(&rest), ["08P01"], "{bad:?}: {rest:?}");
+        assert!(raw.closed().await, "{bad:?}");
     }
+    still_fine(&bystander, &proxy).await;
+}
+
+/// A message type byte that is not printable goes into the log and the FATAL escaped.
+#[tokio::test]
+async fn an_unprintable_message_type_is_shown_escaped() {
+    let (db, proxy, bystander) = setup().await;
+    let (mut raw, _) = Raw::startup(proxy.port(), &[("user", "postgres"), ("database", &db)]).await;
+    raw.send(&[b'\n', 0x7f, 0xff, 0xff, 0xff]).await;
+    let rest = raw.read_until(|_| false).await;
+    assert_eq!(codes(&rest), ["08P01"], "{rest:?}");
+    let message = rest.iter().find_map(|m| m.field(b'M')).unwrap_or_default();
+    assert!(message.contains("message type '\\n'"), "{message}");
+    assert!(!message.chars().any(char::is_control), "{message:?}");
+    still_fine(&bystander, &proxy).await;
+}
+
+/// A Query while Postgres copies from the client: Postgres' own answer, as straight to it
+/// (the COPY fails with 08P01 "unexpected message type", then a FATAL), and no more.
+#[tokio::test]
+async fn a_query_during_copy_is_answered_as_postgres_answers_it() {
+    let (db, proxy, bystander) = setup().await;
+    bystander.batch_execute("CREATE TABLE copied (v int)").await.unwrap();
+    let mut seen = Vec::new();
+    for port in [Cluster::shared().port(), proxy.port()] {
+        let (mut raw, _) = Raw::startup(port, &[("user", "postgres"), ("database", &db)]).await;
+        raw.send(&query("COPY copied FROM STDIN")).await;
+        raw.read_until(|m| m.tag == b'G').await;
+        raw.send(&[message(b'd', b"1\n"), query("SELECT 1")].concat()).await;
+        let rest = raw.read_until(|_| false).await;
+        assert!(raw.closed().await);
+        let said: Vec<_> = rest.iter().filter_map(|m| m.field(b'M')).collect();
+        seen.push((tags(&rest), codes(&rest), said));
+    }
+    assert_eq!(seen[0].1, ["08P01", "08P01"], "{:?}", seen[0]);
+    assert!(seen[0].2[0].contains("unexpected message type 0x51"), "{:?}", seen[0]);
+    assert_eq!(seen[1], seen[0], "through pgfence, then straight to Postgres");
+    let copied: i64 = bystander
+        .query_one("SELECT count(*) FROM copied", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(copied, 0);
     still_fine(&bystander, &proxy).await;
 }
 
