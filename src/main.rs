@@ -200,13 +200,25 @@ fn load(path: Option<&PathBuf>, listen: Option<String>, upstream: Option<String>
     Ok(config)
 }
 
+/// A proxy without fences is a plain relay (a supported use), but a forgotten `--config` or
+/// an empty one looks the same from outside: said where it is set up.
+fn warn_if_unfenced(c: &Config) {
+    if c.fences.is_empty() {
+        tracing::warn!("no [[fence]] is configured: every write is relayed unchecked, as by a plain proxy");
+    }
+}
+
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve {
             config,
             listen,
             upstream,
-        } => serve(Arc::new(load(config.as_ref(), listen, upstream)?)).await,
+        } => {
+            let c = load(config.as_ref(), listen, upstream)?;
+            warn_if_unfenced(&c);
+            serve(Arc::new(c)).await
+        }
         Command::Init { database_url, config } => {
             let (fences, from_config) = match config {
                 Some(p) => {
@@ -238,6 +250,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Demo => pgfence::demo::run().await,
         Command::CheckConfig { config } => {
             let c = load(Some(&config), None, None)?;
+            warn_if_unfenced(&c);
             // Syntax alone lets `1.2.3.4.5:6432` through; `serve` would fail to bind it.
             let addrs: Vec<_> = match tokio::net::lookup_host(&c.listen).await {
                 Ok(addrs) => addrs.collect(),

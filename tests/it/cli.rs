@@ -70,6 +70,7 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
     );
     let (ok, text) = pgfence(&["check-config", "--config", &good]);
     assert!(ok, "{text}");
+    assert!(!text.contains("WARN"), "{text}");
     for (bad, expect) in [
         ("listen = \"127.0.0.1:6432\"\nlistne = 1\n", "unknown field"),
         (
@@ -114,6 +115,11 @@ fn check_config_accepts_the_contract_example_and_explains_errors() {
     let busy = write_config(&format!("listen = \"127.0.0.1:{port}\"\n"));
     let (ok, text) = pgfence(&["check-config", "--config", &busy]);
     assert!(ok, "{text}");
+    // No fence at all: a plain relay, valid, and said.
+    assert!(
+        text.contains("WARN") && text.contains("no [[fence]] is configured: every write is relayed unchecked"),
+        "{text}"
+    );
     // The upstream may resolve only where pgfence runs: a warning, not a refusal.
     let elsewhere = write_config("upstream = \"db.invalid:5432\"\n");
     let (ok, text) = pgfence(&["check-config", "--config", &elsewhere]);
