@@ -29,7 +29,9 @@ const FORMS: &[&str] = &[
     "ALTER TABLE sweep_state RENAME TO sweep_state2",
     "COPY (UPDATE sweep_state SET note = 'c' RETURNING id) TO STDOUT",
     "UPDATE /* comment */ sweep_state SET note = 'it''s; tricky' WHERE id = 1",
-    "UPDATE U&\"sweep\\005fstate\" SET note = 'unicode' WHERE id = 1",
+    // (Escaped without backslashes: the tests send them before the answer to a refusal is
+    // in, and a backslash would then be refused for that reason.)
+    "UPDATE U&\"sweep*005fstate\" UESCAPE '*' SET note = 'unicode' WHERE id = 1",
     "DELETE FROM public.u&\"sweep!005fstate\" UESCAPE '!' WHERE id = 1",
 ];
 
@@ -708,7 +710,7 @@ async fn a_unicode_escaped_table_name_is_the_table_postgres_names() {
     let unfenced = "UPDATE U&\"\\0061udit\" SET note = 'u'";
     none.batch_execute(unfenced).await.unwrap();
     none.execute(unfenced, &[]).await.unwrap();
-    let fenced = "UPDATE U&\"sweep\\005fstate\" SET note = 'u' WHERE id = 1";
+    let fenced = "UPDATE U&\"sweep!005fstate\" UESCAPE '!' SET note = 'u' WHERE id = 1";
     assert_eq!(code(&none.batch_execute(fenced).await), "PF002");
     assert_eq!(code(&none.execute(fenced, &[]).await), "PF002");
     let current = f.leader(2).await;
