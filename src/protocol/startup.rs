@@ -66,6 +66,11 @@ pub enum StartupError {
     /// Parameters not NUL-terminated pairs.
     #[error("invalid startup packet layout")]
     Malformed,
+    /// Bytes that had come after an encryption request before its answer: the client sent
+    /// them without waiting for it. Postgres refuses them (they were not encrypted, and may
+    /// have been put there by someone in between).
+    #[error("received unencrypted data after {0}")]
+    UnencryptedAfter(&'static str),
     /// A message during authentication longer than any such message can be.
     #[error("invalid length of authentication message")]
     BadAuthLength,

@@ -98,6 +98,19 @@ pub async fn establish(mut client: TcpStream, ctx: &ServerContext) -> Result<Opt
     }
 }
 
+/// Answers an encryption request `N`. Bytes already there were sent without waiting for the
+/// answer: Postgres 15 refuses them after its answer (FATAL 08P01), and so does pgfence.
+async fn refuse_encryption(client: &mut TcpStream, request: &'static str) -> Result<(), StartupError> {
+    // The socket does not block: an empty buffer is WouldBlock.
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    let early = socket2::SockRef::from(&*client).peek(&mut byte).is_ok_and(|n| n > 0);
+    client.write_all(b"N").await?;
+    if early {
+        return Err(StartupError::UnencryptedAfter(request));
+    }
+    Ok(())
+}
+
 /// A repeated encryption request, refused as Postgres refuses it: as protocol `1234.5679`
 /// (SSL) or `1234.5680` (GSS).
 fn repeated(code: u32) -> StartupError {
@@ -119,9 +132,10 @@ fn protocol_2_fatal(message: &str) -> BytesMut {
 fn report(e: &StartupError) -> Option<ProxyError> {
     match e {
         StartupError::Io(_) => None,
-        StartupError::BadLength | StartupError::Malformed | StartupError::BadAuthLength => {
-            Some(ProxyError::Protocol(e.to_string()))
-        }
+        StartupError::BadLength
+        | StartupError::Malformed
+        | StartupError::BadAuthLength
+        | StartupError::UnencryptedAfter(_) => Some(ProxyError::Protocol(e.to_string())),
         StartupError::UnsupportedProtocol(..) => Some(ProxyError::Unsupported(e.to_string())),
         StartupError::Upstream(reason) => {
             info!(%reason, "upstream failed during startup");
@@ -147,11 +161,11 @@ async fn establish_inner(
             FirstPacket::GssEncRequest if refused == Some(GSSENC_REQUEST) => return Err(repeated(GSSENC_REQUEST)),
             FirstPacket::SslRequest => {
                 refused = Some(SSL_REQUEST);
-                client.write_all(b"N").await?
+                refuse_encryption(client, "SSL request").await?
             }
             FirstPacket::GssEncRequest => {
                 refused = Some(GSSENC_REQUEST);
-                client.write_all(b"N").await?
+                refuse_encryption(client, "GSSAPI encryption request").await?
             }
             FirstPacket::Cancel { pid, secret } => {
                 ctx.cancel(pid, secret).await;

@@ -575,6 +575,34 @@ async fn encryption_requests_are_answered_as_postgres_answers_them() {
     still_fine(&bystander, &proxy).await;
 }
 
+/// A startup packet sent in the same write as the SSL request, before its answer: Postgres
+/// answers `N`, then refuses the bytes that came unasked (FATAL 08P01), and so does pgfence.
+#[tokio::test]
+async fn a_startup_packet_sent_before_the_ssl_answer_is_refused_as_postgres_refuses_it() {
+    use tokio::io::AsyncReadExt;
+    let (db, proxy, bystander) = setup().await;
+    let mut seen = Vec::new();
+    for port in [Cluster::shared().port(), proxy.port()] {
+        let mut raw = Raw::connect(port).await;
+        let mut bytes = 8u32.to_be_bytes().to_vec();
+        bytes.extend(80_877_103u32.to_be_bytes());
+        bytes.extend(crate::common::raw::startup_packet(&[
+            ("user", "postgres"),
+            ("database", &db),
+        ]));
+        raw.send(&bytes).await;
+        let answer = raw.stream.read_u8().await.unwrap();
+        let rest = raw.read_until(|_| false).await;
+        let said = rest.iter().find_map(|m| m.field(b'M')).unwrap_or_default();
+        // pgfence's own errors say so ("pgfence: …").
+        assert!(said.ends_with("received unencrypted data after SSL request"), "{said}");
+        seen.push((answer as char, tags(&rest), codes(&rest)));
+    }
+    assert_eq!(seen[0], ('N', "E".to_owned(), vec!["08P01".to_owned()]));
+    assert_eq!(seen[1], seen[0], "through pgfence, then straight to Postgres");
+    still_fine(&bystander, &proxy).await;
+}
+
 /// A startup packet of protocol 2 or older is refused in that protocol's own error form, as
 /// Postgres refuses it (`E`, the text, a newline and a NUL), which such a client can read; a
 /// newer unknown major version, or 0.0, gets protocol 3's ErrorResponse (0A000).
