@@ -517,9 +517,7 @@ async fn encryption_answers(port: u16, db: &str, requests: &[u32]) -> (String, V
     let mut raw = Raw::connect(port).await;
     let mut answers = String::new();
     for &code in requests {
-        let mut request = 8u32.to_be_bytes().to_vec();
-        request.extend(code.to_be_bytes());
-        raw.send(&request).await;
+        raw.send(&encryption_request(code)).await;
         let first = raw.stream.read_u8().await.unwrap();
         answers.push(first as char);
         if first != b'N' {
@@ -540,6 +538,13 @@ async fn encryption_answers(port: u16, db: &str, requests: &[u32]) -> (String, V
     let started = raw.read_until(|m| m.tag == b'Z' || m.tag == b'E').await;
     answers.push(started.last().unwrap().tag as char);
     (answers, Vec::new())
+}
+
+/// An SSLRequest or GSSENCRequest: a length of 8 and the request's code.
+fn encryption_request(code: u32) -> Vec<u8> {
+    let mut request = 8u32.to_be_bytes().to_vec();
+    request.extend(code.to_be_bytes());
+    request
 }
 
 /// Encryption requests as Postgres answers them: `N` to each (pgfence has no TLS or GSS
@@ -584,8 +589,7 @@ async fn a_startup_packet_sent_before_the_ssl_answer_is_refused_as_postgres_refu
     let mut seen = Vec::new();
     for port in [Cluster::shared().port(), proxy.port()] {
         let mut raw = Raw::connect(port).await;
-        let mut bytes = 8u32.to_be_bytes().to_vec();
-        bytes.extend(80_877_103u32.to_be_bytes());
+        let mut bytes = encryption_request(pgfence::protocol::startup::SSL_REQUEST);
         bytes.extend(crate::common::raw::startup_packet(&[
             ("user", "postgres"),
             ("database", &db),

@@ -150,7 +150,7 @@ async fn rewrite_refusals_pf002_pf003_pf004() {
         "ALTER TABLE sweep_state ADD COLUMN z int",
         "DROP TABLE items",
         // Read as the fenced table, but not rewritable from that spelling. (Without a
-        // backslash: the client sends it before the answer to the refusal before it is in,
+        // backslash: the client sends it before the previous refusal's ReadyForQuery is in,
         // and a backslash would then be refused for that reason.)
         "UPDATE U&\"sweep!005fstate\" UESCAPE '!' SET note = 'u' WHERE id = 1",
     ] {
