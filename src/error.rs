@@ -99,7 +99,8 @@ impl ProxyError {
         }
     }
 
-    fn hint(&self) -> Option<&'static str> {
+    /// The HINT the error carries, if any.
+    pub fn hint(&self) -> Option<&'static str> {
         match self {
             ProxyError::InvalidStartupEpoch(_) => {
                 Some("pgfence.epoch must be an integer between 1 and 9223372036854775807.")

@@ -189,6 +189,20 @@ pub fn error_without_context(body: &[u8]) -> Option<bytes::BytesMut> {
     error_message(&fields)
 }
 
+/// The whole ErrorResponse message of `body` raised to severity FATAL (`S` and `V`), without
+/// the fields that say where inside the server it was raised (as
+/// [`error_without_context`]). `None` when malformed.
+pub fn error_as_fatal(body: &[u8]) -> Option<bytes::BytesMut> {
+    let mut fields = error_fields(body)?;
+    fields.retain(|(field, _)| !matches!(field, b'W' | b'q' | b'p'));
+    for (field, value) in &mut fields {
+        if matches!(field, b'S' | b'V') {
+            *value = b"FATAL";
+        }
+    }
+    error_message(&fields)
+}
+
 /// The whole ErrorResponse message of `body` with its position (`P`) given by `map`
 /// from the one Postgres gave. `None` when it has no position, `map` leaves it as it
 /// is, or the body is malformed.
@@ -368,5 +382,12 @@ mod tests {
         assert_eq!(error_code(b"SERROR\0C42P01\0Mx\0\0"), Some(&b"42P01"[..]));
         assert_eq!(error_code(b"SERROR\0Mx\0\0"), None);
         assert_eq!(error_code(b"SERR"), None);
+    }
+
+    #[test]
+    fn an_error_raised_to_fatal_keeps_its_code_and_text() {
+        let fatal = error_as_fatal(b"SFEHLER\0VERROR\0CPF003\0Mm\0Hh\0Wctx\0\0").unwrap();
+        assert_eq!(&fatal[..], &b"E\0\0\0\x20SFATAL\0VFATAL\0CPF003\0Mm\0Hh\0\0"[..]);
+        assert_eq!(error_as_fatal(b"SERROR\0Mm"), None);
     }
 }

@@ -1720,7 +1720,7 @@ fn swallow_backslashes(sql: &str) -> String {
 /// current epochs of those fences are appended to the message as `pgfence.reject` (schema
 /// version 7) appends them, when the database has that function; without it, or if it
 /// fails otherwise, the message stays as it is.
-fn raise_block(r: &Rejection, epochs_of: &[&str]) -> String {
+pub(super) fn raise_block(r: &Rejection, epochs_of: &[&str]) -> String {
     let code = guard_sql::quote_literal(r.code);
     let raise = format!(
         "RAISE EXCEPTION USING ERRCODE = {code}, MESSAGE = m, HINT = {};",

@@ -17,10 +17,12 @@ use tracing::{debug, info};
 use super::context::DbFences;
 use super::declare::Declarations;
 use super::state::Reported;
+use crate::config::Mode;
 use crate::error::ProxyError;
 use crate::fence::epoch::Epoch;
+use crate::fence::policy::Rejection;
 use crate::protocol::codec;
-use crate::protocol::frame::{Body, HEADER_LEN, peek_header};
+use crate::protocol::frame::{self, Body, HEADER_LEN, peek_header};
 use crate::protocol::startup::{
     FirstPacket, GSSENC_REQUEST, SSL_REQUEST, StartupError, StartupMessage, read_first_packet,
 };
@@ -224,7 +226,7 @@ async fn establish_inner(
 /// `pgfence.epoch` / `pgfence.fence` from `options` (`-c`), then from raw
 /// startup parameters, which Postgres applies last. An invalid epoch is refused naming
 /// the fence it was for: the one `pgfence.fence` names, or the only one of `fences`.
-fn startup_declarations(m: &StartupMessage, fences: &DbFences) -> Result<Declarations, ProxyError> {
+fn startup_declarations(m: &StartupMessage, fences: &DbFences) -> Result<Declarations, Refusal> {
     let mut epoch = None;
     let mut invalid = None;
     let mut fence = None;
@@ -253,9 +255,83 @@ fn startup_declarations(m: &StartupMessage, fences: &DbFences) -> Result<Declara
             Some(name) => format!("pgfence.epoch of fence \"{name}\""),
             None => "pgfence.epoch".to_owned(),
         };
-        return Err(ProxyError::InvalidStartupEpoch(format!("{setting}: {reason}")));
+        // Only a fence of this database that keeps an epoch there has a current one to give.
+        let guarded = named.filter(|name| {
+            fences.applicable.iter().any(|f| {
+                let i = usize::from(f.0);
+                fences.names.get(i) == Some(*name)
+                    && (fences.config[i].mode == Mode::Reject || fences.lease_tables[i].is_some())
+            })
+        });
+        return Err(Refusal {
+            error: ProxyError::InvalidStartupEpoch(format!("{setting}: {reason}")),
+            fence: guarded.cloned(),
+        });
     }
     Ok(Declarations::from_startup(epoch, fence))
+}
+
+/// An invalid declaration in the startup packet, refused with FATAL PF003 once Postgres has
+/// accepted the session.
+#[derive(Debug)]
+struct Refusal {
+    /// The refusal as pgfence words it.
+    error: ProxyError,
+    /// The fence it was for, when the database keeps that fence's current epoch, which the
+    /// refusal then names as every other refusal does.
+    fence: Option<String>,
+}
+
+impl Refusal {
+    /// The FATAL for the client: Postgres' own raising of it when it can add the fence's
+    /// current epoch (the session is logged in by then, so Postgres can be asked), else
+    /// pgfence's. `first` is the message of Postgres' that said it accepted the session.
+    async fn answer(&self, upstream: &mut TcpStream, first: u8, limit: Duration) -> BytesMut {
+        let asked = match &self.fence {
+            Some(fence) => tokio::time::timeout(limit, self.raised_by_postgres(upstream, first, fence))
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        asked.unwrap_or_else(|| self.error.to_response())
+    }
+
+    /// Waits for Postgres' ReadyForQuery, then has it raise the refusal with the fence's
+    /// current epoch appended (as a refused `SET` is raised) and returns that error as a
+    /// FATAL. `None` if Postgres answers anything else.
+    async fn raised_by_postgres(&self, upstream: &mut TcpStream, mut tag: u8, fence: &str) -> Option<BytesMut> {
+        while tag != b'Z' {
+            let (next, msg) = read_message(upstream).await.ok()?;
+            if next == b'E' {
+                debug!(error = ?String::from_utf8_lossy(&msg), "upstream error before ReadyForQuery");
+                return None;
+            }
+            tag = next;
+        }
+        let (code, severity) = self.error.code();
+        debug_assert_eq!(severity, crate::error::Severity::Fatal);
+        let r = Rejection {
+            code,
+            message: self.error.to_string(),
+            hint: self.error.hint().unwrap_or_default().to_owned(),
+            fences: Vec::new(),
+        };
+        let mut query = BytesMut::new();
+        codec::query(&mut query, &super::dispatch::raise_block(&r, &[fence]));
+        upstream.write_all(&query).await.ok()?;
+        let mut raised = None;
+        loop {
+            let (tag, msg) = read_message(upstream).await.ok()?;
+            match tag {
+                b'E' if frame::error_code(&msg[HEADER_LEN..]) == Some(code.as_bytes()) => {
+                    raised = frame::error_as_fatal(&msg[HEADER_LEN..]);
+                }
+                b'Z' => return raised,
+                _ => {}
+            }
+        }
+    }
 }
 
 async fn connect_upstream(ctx: &ServerContext) -> Result<TcpStream, ProxyError> {
@@ -281,7 +357,7 @@ async fn relay_auth(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     ctx: &ServerContext,
-    refusal: Option<&ProxyError>,
+    refusal: Option<&Refusal>,
 ) -> Result<Option<(CancelKeyGuard, Reported)>, StartupError> {
     let mut key = None;
     let mut reported = Reported::default();
@@ -312,11 +388,12 @@ async fn relay_auth(
             other => other.map_err(StartupError::upstream)?,
         };
         answered = false;
-        if let Some(err) = refusal
+        if let Some(refusal) = refusal
             && matches!(tag, b'S' | b'K' | b'Z')
         {
-            info!(%err, "refused startup declaration");
-            client.write_all(&err.to_response()).await?;
+            info!(err = %refusal.error, "refused startup declaration");
+            let answer = refusal.answer(upstream, tag, ctx.config.connect_timeout).await;
+            client.write_all(&answer).await?;
             // Ended as a client ends it: Terminate, then what Postgres sent read up to its
             // close (a socket closed with unread bytes is reset, which Postgres logs).
             if upstream.write_all(b"X\0\0\0\x04").await.is_ok() {

@@ -45,7 +45,19 @@ async fn startup_parameter_declaration_matrix() {
         ];
         let (_, msgs) = Raw::startup(f.proxy.port(), &params).await;
         assert_eq!(codes(&msgs), ["PF003"], "startup pgfence.epoch={bad:?}");
-        assert_eq!(msgs.last().unwrap().field(b'S').as_deref(), Some("FATAL"));
+        // AuthenticationOk, then the FATAL in place of the rest of the login.
+        assert_eq!(msgs.iter().map(|m| m.tag).collect::<Vec<_>>(), b"RE", "{bad:?}");
+        let fatal = msgs.last().unwrap();
+        assert_eq!(fatal.field(b'S').as_deref(), Some("FATAL"));
+        assert_eq!(fatal.field(b'V').as_deref(), Some("FATAL"));
+        let message = fatal.field(b'M').unwrap();
+        assert!(message.ends_with(" (current epoch 2)"), "{message}");
+        assert!(
+            fatal.field(b'H').is_some_and(|h| h.contains("pgfence.epoch")),
+            "{bad:?}"
+        );
+        // Nothing of how Postgres raised it for pgfence.
+        assert_eq!(fatal.field(b'W'), None, "{bad:?}");
     }
     // The raw parameter wins over options, as Postgres applies it last.
     let params = [
@@ -537,12 +549,10 @@ async fn refusals_name_the_fence_and_its_current_epoch() {
         refusal(r).ends_with("not an integer; an epoch is an integer from 1 to 9223372036854775807 (current epoch 2)")
     );
     s.batch_execute("ROLLBACK").await.unwrap();
+    // So does a startup declaration's FATAL: the session is logged in when it is refused.
     let r = try_connect(f.proxy.port(), &f.db, "-c pgfence.epoch=0").await;
     assert_eq!(code(&r), "PF003");
-    assert!(
-        refusal(r).starts_with("pgfence: invalid value for pgfence.epoch of fence \"sweeper\": "),
-        "so does a startup declaration"
-    );
+    assert_eq!(refusal(r), invalid, "startup");
     // A takeover moves the number the next refusal gives.
     f.takeover("b").await;
     let three = "pgfence: write to fence \"sweeper\" without an epoch (current epoch 3)";

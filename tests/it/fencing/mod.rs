@@ -22,7 +22,7 @@ use pgfence::config::RawConfig;
 use tokio_postgres::Client;
 
 use crate::common::inproc::Proxy;
-use crate::common::pg::{Cluster, connect};
+use crate::common::pg::{Cluster, connect, try_connect};
 use crate::common::raw::Raw;
 
 /// The seed design's tables, a fenced `sweep_state`, an unfenced `audit`.
@@ -330,6 +330,16 @@ async fn database_without_init_gets_pf005() {
     assert!(
         msg.ends_with("an epoch is an integer from 1 to 9223372036854775807"),
         "{msg}"
+    );
+    // And so is an invalid startup declaration, refused as FATAL.
+    let r = try_connect(proxy.port(), &db, "-c pgfence.epoch=0").await;
+    assert_eq!(code(&r), "PF003");
+    let msg = r.err().unwrap().as_db_error().unwrap().clone();
+    assert_eq!(msg.severity(), "FATAL");
+    assert!(
+        msg.message()
+            .ends_with("an epoch is an integer from 1 to 9223372036854775807"),
+        "{msg:?}"
     );
     // Reads and unfenced writes are not affected.
     s.batch_execute("SELECT * FROM sweep_state; INSERT INTO audit (note) VALUES ('x')")
