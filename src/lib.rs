@@ -33,6 +33,16 @@ macro_rules! say {
     }};
 }
 
+/// `eprintln!` that never panics: a failure report lost to a closed or full stderr
+/// (`2>/dev/full`) must not turn the exit code into a panic's.
+#[macro_export]
+macro_rules! complain {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// [`say!`] without the newline.
 #[macro_export]
 macro_rules! say_part {

@@ -73,6 +73,9 @@ fn main() -> ExitCode {
             std::io::IsTerminal::is_terminal(&std::io::stderr())
                 && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
         )
+        // A log line stderr cannot take (a full disk, a closed pipe) is lost; reporting that
+        // on the same stderr would panic and take every session with it.
+        .log_internal_errors(false)
         .init();
     // `serve` reads its config first: the number of threads comes from it.
     let (command, workers) = match cli.command {
@@ -86,7 +89,7 @@ fn main() -> ExitCode {
                 (Run::Serve(Arc::new(c)), workers)
             }
             Err(e) => {
-                eprintln!("pgfence: {e:#}");
+                pgfence::complain!("pgfence: {e:#}");
                 return ExitCode::FAILURE;
             }
         },
@@ -95,7 +98,7 @@ fn main() -> ExitCode {
     let runtime = match runtime(workers) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("pgfence: cannot start the runtime: {e}");
+            pgfence::complain!("pgfence: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -115,7 +118,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pgfence: {e:#}");
+            pgfence::complain!("pgfence: {e:#}");
             ExitCode::FAILURE
         }
     }

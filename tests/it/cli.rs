@@ -150,6 +150,25 @@ fn a_closed_stdout_loses_the_report_not_the_run() {
     assert!(status.success() && !err.contains("panicked"), "{status:?}: {err}");
 }
 
+/// A failure reported to a stderr that takes nothing (`2>/dev/full`) still exits with the
+/// failure's code, not a panic's (101).
+#[test]
+fn a_full_stderr_keeps_the_failure_exit_code() {
+    let bad = write_config("listen = \"127.0.0.1:6432\"\nno_such_key = 1\n");
+    for args in [
+        &["check-config", "--config", &bad][..],
+        &["serve", "--config", &bad][..],
+    ] {
+        let status = Command::new(env!("CARGO_BIN_EXE_pgfence"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create("/dev/full").unwrap())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(1), "{args:?}");
+    }
+}
+
 #[tokio::test]
 async fn init_twice_via_the_command_line() {
     let cluster = Cluster::shared();

@@ -4,8 +4,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::common::free_port;
 use crate::common::pg::{Cluster, connect};
-use crate::common::proxy::ProxyProcess;
+use crate::common::proxy::{ProxyProcess, proxy_toml};
 use crate::common::raw::{Raw, bind, codes, execute, message, parse, query, startup_packet, sync, tags};
 
 #[tokio::test]
@@ -88,6 +89,25 @@ async fn sigint_closes_everything_within_a_second() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Log lines stderr cannot take (`2>/dev/full`, a log pipe whose reader died) are lost; the
+/// proxy serves on and exits as asked. Reporting the failed write on that same stderr
+/// panicked the runtime and ended every session.
+#[tokio::test]
+async fn a_full_stderr_loses_log_lines_not_sessions() {
+    let cluster = Cluster::shared();
+    let db = cluster.fresh_db().await;
+    let config = proxy_toml(free_port(), cluster.port(), "");
+    let mut proxy = ProxyProcess::start_with_ulimit(&config, "exec 2>/dev/full");
+    for _ in 0..3 {
+        let s = connect(proxy.port(), &db, "").await;
+        s.batch_execute("SELECT 1").await.unwrap();
+    }
+    assert!(proxy.try_wait().is_none(), "the proxy ended");
+    proxy.sigterm();
+    let status = proxy.wait_exit(Duration::from_secs(5)).await.expect("no exit");
+    assert!(status.success(), "{status:?}");
 }
 
 /// A stand-in upstream on a free port: reads each connection's startup packet, writes
