@@ -172,7 +172,9 @@ impl fmt::Display for LeaseStatus {
             LeaseStatus::TableNotHere { table } => {
                 write!(
                     f,
-                    "lease table {table} is not in this database: trigger not installed here"
+                    "lease table {table} is not in this database: trigger not installed here, so writes to the \
+                     fence's tables in this database fail with PF005; create the lease table here and run init \
+                     again, or give the fence `database = \"...\"` (the database that has its lease table)"
                 )
             }
             LeaseStatus::Installed {

@@ -502,6 +502,11 @@ async fn init_refuses_a_fence_of_this_database_without_its_lease_table() {
     assert!(text.contains("does not exist in the fence's database"), "{text}");
     let (ok, text) = pgfence_async(&["init", "--database-url", &url, "--config", &fence("")]).await;
     assert!(ok && text.contains("not in this database"), "{text}");
+    // What follows for this database's writes, and the two ways out.
+    assert!(
+        text.contains("fail with PF005") && text.contains("run init again") && text.contains("`database = "),
+        "{text}"
+    );
 }
 
 /// `init --config` looks at each rewrite table's epoch column: a missing one, or one that
