@@ -189,6 +189,19 @@ pub fn error_without_context(body: &[u8]) -> Option<bytes::BytesMut> {
     error_message(&fields)
 }
 
+/// Whether an ErrorResponse body was raised inside pgfence's guard: the outermost frame
+/// of its CONTEXT (the last line) is a guard function's. A lock or statement timeout, a
+/// cancel, a deadlock or a serialization failure met while the guard waits or reads.
+/// Frames are matched in Postgres' English wording; under another `lc_messages` nothing
+/// matches.
+pub fn raised_in_guard(body: &[u8]) -> bool {
+    let Some(context) = error_field(body, b'W') else {
+        return false;
+    };
+    let outermost = context.rsplit(|&b| b == b'\n').next().unwrap_or_default();
+    outermost.starts_with(b"PL/pgSQL function pgfence.guard") || outermost.starts_with(b"SQL function \"guard")
+}
+
 /// The whole ErrorResponse message of `body` raised to severity FATAL (`S` and `V`), without
 /// the fields that say where inside the server it was raised (as
 /// [`error_without_context`]). `None` when malformed.
@@ -382,6 +395,27 @@ mod tests {
         assert_eq!(error_code(b"SERROR\0C42P01\0Mx\0\0"), Some(&b"42P01"[..]));
         assert_eq!(error_code(b"SERROR\0Mx\0\0"), None);
         assert_eq!(error_code(b"SERR"), None);
+    }
+
+    #[test]
+    fn errors_raised_in_the_guard_are_told_by_their_outermost_frame() {
+        let lock = b"SERROR\0C55P03\0Mcanceling statement due to lock timeout\0WSQL statement \"SELECT \
+                     pg_advisory_xact_lock(pgfence.lock_key(p_fence))\"\nPL/pgSQL function guard_full(text,bigint,text,\
+                     boolean) line 90 at PERFORM\nSQL statement \"SELECT pgfence.guard_full(p_fence, p_epoch, \
+                     p_lease_table, p_keep_hwm)\"\nPL/pgSQL function pgfence.guard_slow(text,bigint,text,boolean) \
+                     line 67 at PERFORM\0\0";
+        assert!(raised_in_guard(lock));
+        assert!(raised_in_guard(
+            b"SERROR\0C40001\0Mx\0WSQL function \"guard_lease\" statement 1\0\0"
+        ));
+        // A client's function, a trigger on the lease table, no CONTEXT: the client's own.
+        assert!(!raised_in_guard(
+            b"SERROR\0C55P03\0Mx\0WPL/pgSQL function pgfence.guard_slow(text) line 1\nPL/pgSQL function f() line 2\0\0"
+        ));
+        assert!(!raised_in_guard(
+            b"SERROR\0C55P03\0Mx\0WPL/pgSQL function pgfence.lease_trigger() line 9 at PERFORM\0\0"
+        ));
+        assert!(!raised_in_guard(b"SERROR\0C55P03\0Mx\0\0"));
     }
 
     #[test]

@@ -622,14 +622,16 @@ impl Shared {
     }
 
     /// Classifies one server message. `body` is given for `Z`, `C`, `E`, `S` and `t`
-    /// (when not oversized). pgfence's own errors (SQLSTATE class PF) lose their
-    /// CONTEXT: it names the guard's PL/pgSQL internals, not the client's statement.
+    /// (when not oversized). pgfence's own errors (SQLSTATE class PF), and any other
+    /// error raised inside its guard (a lock timeout while a takeover holds the fence),
+    /// lose their CONTEXT: it names the guard's PL/pgSQL internals, not the client's
+    /// statement.
     pub fn on_server_message(&mut self, tag: u8, body: Option<&[u8]>) -> Verdict {
         let verdict = self.classify(tag, body);
         if tag == b'E'
             && matches!(verdict, Verdict::Forward)
             && let Some(body) = body
-            && frame::error_code(body).is_some_and(|c| c.starts_with(b"PF"))
+            && (frame::error_code(body).is_some_and(|c| c.starts_with(b"PF")) || frame::raised_in_guard(body))
             && let Some(out) = frame::error_without_context(body)
         {
             return Verdict::Replace(out);

@@ -6,6 +6,8 @@ use futures_util::future::join_all;
 use tokio_postgres::Client;
 
 use super::{Fixture, code};
+use crate::common::pg::Cluster;
+use crate::common::raw::codes;
 
 /// Statement forms that write `sweep_state` (each leaves the table in place).
 const FORMS: &[&str] = &[
@@ -280,6 +282,41 @@ async fn refusals_carry_no_guard_context() {
     let mut s = f.raw(f.proxy.port(), "2", &[]).await;
     let e = error(s.simple("DO $$ BEGIN RAISE EXCEPTION 'mine'; END $$").await);
     assert!(e.field(b'W').is_some_and(|w| w.contains("PL/pgSQL")), "{e:?}");
+}
+
+/// An error Postgres raises while the guard waits (here a lock timeout: a new epoch waits
+/// for the old one's open transaction) loses the CONTEXT naming the guard's internals too,
+/// in either protocol; its SQLSTATE and message stay Postgres'.
+#[tokio::test]
+async fn errors_met_inside_the_guard_carry_no_guard_context() {
+    use crate::common::raw::{Msg, bind, execute, parse, sync};
+    let f = Fixture::with(Cluster::shared(), super::NO_LEASE).await;
+    let write = "UPDATE sweep_state SET note = 'x' WHERE id = 1";
+    let old = f.leader(1).await;
+    old.batch_execute(&format!("BEGIN; {write}")).await.unwrap();
+    let error = |msgs: Vec<Msg>| msgs.into_iter().find(|m| m.tag == b'E').expect("an error");
+    let mut s = f.raw(f.proxy.port(), "2", &[]).await;
+    assert_eq!(
+        codes(&s.simple("SET lock_timeout = '50ms'").await),
+        Vec::<String>::new()
+    );
+    let simple = error(s.simple(write).await);
+    s.send(&[parse("", write), bind("", "", &[]), execute(""), sync()].concat())
+        .await;
+    let extended = error(s.read_until(|m| m.tag == b'Z').await);
+    for (how, e) in [("simple", simple), ("extended", extended)] {
+        assert_eq!(e.code().as_deref(), Some("55P03"), "{how}: {e:?}");
+        assert_eq!(
+            e.field(b'M').as_deref(),
+            Some("canceling statement due to lock timeout")
+        );
+        assert_eq!(e.field(b'W'), None, "{how}: {e:?}");
+    }
+    old.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        codes(&s.simple(write).await).is_empty(),
+        "once the old epoch's transaction ended"
+    );
 }
 
 /// Fenced writes pipelined in one batch run under the batch's first guard: a second
