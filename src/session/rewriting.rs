@@ -172,15 +172,21 @@ impl Dispatcher {
             return Plan::NotRewrite;
         };
         let name = |f: FenceId| self.fences.names.get(usize::from(f.0)).cloned().unwrap_or_default();
-        if fences.iter().any(|&f| !self.fences.is_rewrite(f)) {
-            return Plan::Reject(unanalysable(
-                first,
+        if let Some(&reject) = fences.iter().find(|&&f| !self.fences.is_rewrite(f)) {
+            // Both named, as every refusal names its fences; Postgres appends the current
+            // epoch of each that keeps one (a rewrite-mode fence only with a lease).
+            let mut r = unanalysable(
+                reject,
                 format!(
-                    "pgfence: statement writes tables of a reject-mode and a rewrite-mode fence (\"{}\"); refused",
+                    "pgfence: statement writes tables of a reject-mode fence (\"{}\") and a rewrite-mode fence \
+                     (\"{}\"); refused",
+                    name(reject),
                     name(first)
                 ),
                 "Write each fence's tables in separate statements.",
-            ));
+            );
+            r.fences.push(first);
+            return Plan::Reject(r);
         }
         if !exact {
             return Plan::Reject(unanalysable(

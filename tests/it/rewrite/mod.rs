@@ -52,6 +52,39 @@ async fn update_note(c: &Client, note: &str) -> u64 {
         .unwrap()
 }
 
+/// One statement writing a reject-mode and a rewrite-mode fence's tables is refused
+/// (PF004, before PF002), naming both fences and the reject fence's current epoch; nothing
+/// of it is written. Control: straight to Postgres it writes both tables.
+#[tokio::test]
+async fn a_statement_writing_both_modes_is_refused_naming_both_fences() {
+    let toml = format!("{}[[fence]]\nname = \"rej\"\ntables = [\"audit\"]\n", no_lease_toml());
+    let f = Fixture::with(Cluster::shared(), &toml).await;
+    f.admin
+        .batch_execute("CREATE TABLE items (id int PRIMARY KEY, note text, n int, last_epoch bigint)")
+        .await
+        .unwrap();
+    let both = "WITH a AS (INSERT INTO audit (note) VALUES ('both') RETURNING 1) \
+                UPDATE sweep_state SET note = 'both' WHERE id = 1";
+    for options in ["-c pgfence.fence=rej -c pgfence.epoch=3", ""] {
+        let s = f.session(options).await;
+        for r in [s.batch_execute(both).await, s.execute(both, &[]).await.map(|_| ())] {
+            assert_eq!(code(&r), "PF004", "{options:?}");
+            let message = r.unwrap_err().as_db_error().unwrap().message().to_owned();
+            assert!(
+                message.contains("reject-mode fence (\"rej\")")
+                    && message.contains("rewrite-mode fence (\"sweeper\")")
+                    && message.ends_with("(current epoch 0)"),
+                "{message}"
+            );
+        }
+    }
+    assert_eq!(f.audit_rows().await, 0);
+    assert_eq!(f.note().await.0, "init");
+    f.direct().await.batch_execute(both).await.unwrap();
+    assert_eq!(f.audit_rows().await, 1, "control");
+    assert_eq!(f.note().await.0, "both", "control");
+}
+
 /// The seed's psql transcript, with pgfence applying the `last_epoch <=` check.
 #[tokio::test]
 async fn rewrite_seed_transcript_stale_update_touches_no_row() {
