@@ -145,7 +145,10 @@ impl Rw<'_, '_> {
         } else if t.is(j, "values") {
             let cols = cols.ok_or_else(need_cols)?;
             if self.values(j, &cols)? != src_end {
-                return Err(shape("VALUES followed by ORDER BY, LIMIT or OFFSET"));
+                return Err(shape(
+                    "VALUES combined with UNION, INTERSECT or EXCEPT, or followed by ORDER BY, LIMIT or OFFSET \
+                     (write the rows as a SELECT)",
+                ));
             }
             self.add_col(&cols);
         } else {

@@ -179,6 +179,7 @@ fn what_cannot_be_rewritten_soundly_is_refused() {
         "UPDATE sweep_state SET note = 'x' WHERE CURRENT OF c",
         "UPDATE sweep_state SET last_epoch = 1, last_epoch = 2",
         "INSERT INTO sweep_state (id) VALUES (1) LIMIT 1",
+        "INSERT INTO sweep_state (id) VALUES (1) UNION ALL SELECT 2",
         // `excluded` names the target and the proposed row alike: no way to name the
         // target's epoch column in DO UPDATE.
         "INSERT INTO sweep_state AS excluded (id) VALUES (1) ON CONFLICT (id) DO UPDATE SET id = 2",
@@ -192,6 +193,13 @@ fn what_cannot_be_rewritten_soundly_is_refused() {
     let words = |sql: &str| rw(sql).unwrap_err().reason;
     assert!(words("EXPLAIN ANALYZE UPDATE sweep_state SET note = 'x'").ends_with("an EXPLAIN statement"));
     assert!(words("CALL p()").ends_with("a CALL statement"));
+    for set in ["UNION ALL SELECT 2", "INTERSECT VALUES (2)", "EXCEPT SELECT 3"] {
+        let sql = format!("INSERT INTO sweep_state (id) VALUES (1) {set}");
+        assert!(
+            words(&sql).contains("VALUES combined with UNION, INTERSECT or EXCEPT"),
+            "{sql}"
+        );
+    }
     // Named so, DO NOTHING needs no qualifier; another alias takes the check.
     assert!(rw("INSERT INTO sweep_state AS excluded (id) VALUES (1) ON CONFLICT DO NOTHING").is_ok());
     assert!(
