@@ -750,7 +750,8 @@ pub(super) fn alters_a_sequence_or_publication(text: &str, lexing: Lexing) -> bo
 /// The tables a DML/DDL statement sqlparser could not parse changes, read
 /// from its fixed prefix: `INSERT INTO t`, `UPDATE [ONLY] t`, `DELETE FROM
 /// [ONLY] t`, `MERGE INTO [ONLY] t`, `ALTER TABLE [IF EXISTS] [ONLY] t`,
-/// `DROP TABLE [IF EXISTS] t, …`, `TRUNCATE [TABLE] [ONLY] t [*], … [CASCADE]`.
+/// `DROP TABLE [IF EXISTS] t, …`, `TRUNCATE [TABLE] [ONLY] t [*], … [CASCADE]`
+/// (`ONLY (t)` too).
 /// `None` when the prefix is not one of these or a name is unreadable.
 pub(super) fn dml_targets(text: &str, lexing: Lexing) -> Option<(Vec<TableName>, bool)> {
     let mut c = Cur::new(text, lexing);
@@ -799,8 +800,12 @@ pub(super) fn dml_targets(text: &str, lexing: Lexing) -> Option<(Vec<TableName>,
     };
     let mut names = Vec::new();
     loop {
-        c.eat_word("only");
+        // `ONLY (t)`: Postgres takes the name in parentheses after ONLY.
+        let parenthesized = c.eat_word("only") && c.eat_punct(b'(');
         names.push(c.name()?);
+        if parenthesized && !c.eat_punct(b')') {
+            return None;
+        }
         c.eat_punct(b'*');
         if !(list && c.eat_punct(b',')) {
             break;

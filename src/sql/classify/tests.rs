@@ -680,6 +680,18 @@ const ROWS: &[(&str, &str)] = &[
         "other | write:invoices",
     ),
     ("SELECT 1 /* /* ; */ DELETE FROM invoices; */", "other"),
+    // `ONLY (t)`, as Postgres' grammar has it.
+    ("UPDATE ONLY (invoices) SET a = 1", "write:invoices"),
+    ("DELETE FROM ONLY (invoices)", "write:invoices"),
+    ("TRUNCATE ONLY (invoices)", "write:invoices"),
+    ("TRUNCATE TABLE ONLY (plain), ONLY (billing.ledger)", "write:ledger"),
+    ("TRUNCATE ONLY (plain)", "other"),
+    ("ALTER TABLE ONLY (invoices) ADD COLUMN x int", "write:invoices"),
+    ("UPDATE ONLY (plain) SET a = 1", "other"),
+    ("DELETE FROM ONLY (public.plain) WHERE a = 1", "other"),
+    // Not Postgres' grammar (its syntax error, whatever the epoch): read as a write all
+    // the same, which is safe.
+    ("INSERT INTO ONLY (invoices) VALUES (1)", "write:invoices"),
     ("", ""),
     (" ; -- nothing\n ; ", ""),
 ];
