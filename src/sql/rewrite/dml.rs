@@ -100,6 +100,24 @@ impl Rw<'_, '_> {
         ))
     }
 
+    /// The target of UPDATE, DELETE FROM or MERGE INTO at `i`: `[ONLY] name`, or
+    /// `ONLY (name)` as Postgres' grammar also has it. As [`Self::name`]; the next index
+    /// is past the closing parenthesis.
+    fn target(&self, i: usize) -> Result<(TableName, usize, usize), Unsupported> {
+        let t = self.t;
+        if !t.is(i, "only") {
+            return self.name(i);
+        }
+        if !t.punct(i + 1, b'(') {
+            return self.name(i + 1);
+        }
+        let (name, last, j) = self.name(i + 2)?;
+        if !t.punct(j, b')') {
+            return Err(shape("an unreadable table name"));
+        }
+        Ok((name, last, j + 1))
+    }
+
     pub(super) fn fenced(&self, name: &TableName) -> bool {
         self.target.tables.iter().any(|t| name.may_refer_to(t))
     }
@@ -135,8 +153,7 @@ impl Rw<'_, '_> {
 
     fn update(&mut self, a: usize, b: usize, d: u32) -> Res {
         let t = self.t;
-        let i = a + 1 + usize::from(t.is(a + 1, "only"));
-        let (name, last, j) = self.name(i)?;
+        let (name, last, j) = self.target(a + 1)?;
         if !self.fenced(&name) {
             return Ok(());
         }
@@ -154,8 +171,7 @@ impl Rw<'_, '_> {
     fn delete(&mut self, a: usize, b: usize, d: u32) -> Res {
         let t = self.t;
         self.expect(a + 1, "from")?;
-        let i = a + 2 + usize::from(t.is(a + 2, "only"));
-        let (name, last, j) = self.name(i)?;
+        let (name, last, j) = self.target(a + 2)?;
         if !self.fenced(&name) {
             return Ok(());
         }
@@ -250,8 +266,7 @@ impl Rw<'_, '_> {
     fn merge(&mut self, a: usize, b: usize, d: u32) -> Res {
         let t = self.t;
         self.expect(a + 1, "into")?;
-        let i = a + 2 + usize::from(t.is(a + 2, "only"));
-        let (name, last, j) = self.name(i)?;
+        let (name, last, j) = self.target(a + 2)?;
         if !self.fenced(&name) {
             return Ok(());
         }

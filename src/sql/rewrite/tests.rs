@@ -56,6 +56,15 @@ fn rewrites_are_text_edits() {
             "DELETE FROM sweep_state",
             "DELETE FROM sweep_state WHERE coalesce(sweep_state.last_epoch, 0) <= {N}",
         ),
+        // `ONLY (t)`, as Postgres' grammar also has it.
+        (
+            "UPDATE ONLY (public.sweep_state) SET note = 'x'",
+            "UPDATE ONLY (public.sweep_state) SET note = 'x', last_epoch = {N} WHERE coalesce(sweep_state.last_epoch, 0) <= {N}",
+        ),
+        (
+            "DELETE FROM ONLY (sweep_state) s WHERE s.id = 1",
+            "DELETE FROM ONLY (sweep_state) s WHERE (s.id = 1) AND coalesce(s.last_epoch, 0) <= {N}",
+        ),
         (
             "DELETE FROM sweep_state AS s USING x WHERE s.id = x.id -- c\nRETURNING s.id",
             "DELETE FROM sweep_state AS s USING x WHERE (s.id = x.id) AND coalesce(s.last_epoch, 0) <= {N} -- c\nRETURNING s.id",

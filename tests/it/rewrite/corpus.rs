@@ -117,6 +117,14 @@ const BESPOKE: &[(&str, &str)] = &[
         "DELETE FROM items i USING src s WHERE (i.id = s.id OR s.id = 9) AND coalesce(i.last_epoch, 0) <= 7",
     ),
     (
+        "UPDATE ONLY (items) SET note = 'only' WHERE id > 2",
+        "UPDATE ONLY items SET note = 'only', last_epoch = 7 WHERE id > 2 AND coalesce(last_epoch, 0) <= 7",
+    ),
+    (
+        "DELETE FROM ONLY (public.items) WHERE id < 6",
+        "DELETE FROM items WHERE id < 6 AND coalesce(last_epoch, 0) <= 7",
+    ),
+    (
         "UPDATE items SET note = 'all'",
         "UPDATE items SET note = 'all', last_epoch = 7 WHERE coalesce(last_epoch, 0) <= 7",
     ),
