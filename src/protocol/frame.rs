@@ -182,11 +182,17 @@ fn error_message(fields: &[(u8, &[u8])]) -> Option<bytes::BytesMut> {
 pub fn error_without_context(body: &[u8]) -> Option<bytes::BytesMut> {
     let mut fields = error_fields(body)?;
     let before = fields.len();
-    fields.retain(|(field, _)| !matches!(field, b'W' | b'q' | b'p'));
+    fields.retain(|(field, _)| !is_context(*field));
     if fields.len() == before {
         return None;
     }
     error_message(&fields)
+}
+
+/// Whether an error field says where inside the server the error was raised: `W`
+/// (CONTEXT), `q` and `p` (the internal query and a position in it).
+fn is_context(field: u8) -> bool {
+    matches!(field, b'W' | b'q' | b'p')
 }
 
 /// Whether an ErrorResponse body was raised inside pgfence's guard: the outermost frame
@@ -207,7 +213,7 @@ pub fn raised_in_guard(body: &[u8]) -> bool {
 /// [`error_without_context`]). `None` when malformed.
 pub fn error_as_fatal(body: &[u8]) -> Option<bytes::BytesMut> {
     let mut fields = error_fields(body)?;
-    fields.retain(|(field, _)| !matches!(field, b'W' | b'q' | b'p'));
+    fields.retain(|(field, _)| !is_context(*field));
     for (field, value) in &mut fields {
         if matches!(field, b'S' | b'V') {
             *value = b"FATAL";

@@ -571,12 +571,12 @@ fn serve_fits_the_open_file_limit_to_max_client_conn() {
         line.split_whitespace().nth(3).unwrap().parse().unwrap()
     };
     let config = proxy_toml(free_port(), free_port(), "max_client_conn = 300");
-    let raised = ProxyProcess::start_with_ulimit(&config, "ulimit -S -n 100");
+    let raised = ProxyProcess::start_after(&config, "ulimit -S -n 100");
     assert_eq!(soft_limit(&raised), 2 * 300 + 64, "{}", raised.log());
     assert!(raised.log().contains("raised the open-file limit"), "{}", raised.log());
     assert!(!raised.log().contains("WARN"), "{}", raised.log());
     let config = proxy_toml(free_port(), free_port(), "max_client_conn = 300");
-    let capped = ProxyProcess::start_with_ulimit(&config, "ulimit -S -n 100 && ulimit -H -n 200");
+    let capped = ProxyProcess::start_after(&config, "ulimit -S -n 100 && ulimit -H -n 200");
     assert_eq!(soft_limit(&capped), 200, "{}", capped.log());
     assert!(
         capped
@@ -587,7 +587,7 @@ fn serve_fits_the_open_file_limit_to_max_client_conn() {
     );
     // Enough already: nothing changes, nothing is said.
     let config = proxy_toml(free_port(), free_port(), "max_client_conn = 10");
-    let fits = ProxyProcess::start_with_ulimit(&config, "ulimit -S -n 100");
+    let fits = ProxyProcess::start_after(&config, "ulimit -S -n 100");
     assert_eq!(soft_limit(&fits), 100);
     assert!(!fits.log().contains("open-file limit"), "{}", fits.log());
 }

@@ -99,7 +99,7 @@ async fn a_full_stderr_loses_log_lines_not_sessions() {
     let cluster = Cluster::shared();
     let db = cluster.fresh_db().await;
     let config = proxy_toml(free_port(), cluster.port(), "");
-    let mut proxy = ProxyProcess::start_with_ulimit(&config, "exec 2>/dev/full");
+    let mut proxy = ProxyProcess::start_after(&config, "exec 2>/dev/full");
     for _ in 0..3 {
         let s = connect(proxy.port(), &db, "").await;
         s.batch_execute("SELECT 1").await.unwrap();

@@ -47,23 +47,24 @@ impl ProxyProcess {
         Self::start_under(config_toml, None)
     }
 
-    /// [`Self::start`] from a shell that first runs `ulimits` (e.g. `ulimit -S -n 100`).
-    pub fn start_with_ulimit(config_toml: &str, ulimits: &str) -> ProxyProcess {
-        Self::start_under(config_toml, Some(ulimits))
+    /// [`Self::start`] from a shell that first runs `prelude`: limits (`ulimit -S -n 100`)
+    /// or redirections (`exec 2>/dev/full`) the proxy then runs under.
+    pub fn start_after(config_toml: &str, prelude: &str) -> ProxyProcess {
+        Self::start_under(config_toml, Some(prelude))
     }
 
-    fn start_under(config_toml: &str, ulimits: Option<&str>) -> ProxyProcess {
+    fn start_under(config_toml: &str, prelude: Option<&str>) -> ProxyProcess {
         let addr = listen_addr(config_toml);
         let dir = unique_temp_dir("pgfence-proxy");
         let config = dir.join("pgfence.toml");
         fs::write(&config, config_toml).expect("write proxy config");
         let log = File::create(dir.join("proxy.log")).expect("create proxy.log");
         let bin = env!("CARGO_BIN_EXE_pgfence");
-        let mut command = match ulimits {
+        let mut command = match prelude {
             None => Command::new(bin),
-            Some(ulimits) => {
+            Some(prelude) => {
                 let mut sh = Command::new("sh");
-                sh.args(["-c", &format!("{ulimits} && exec \"$0\" \"$@\""), bin]);
+                sh.args(["-c", &format!("{prelude} && exec \"$0\" \"$@\""), bin]);
                 sh
             }
         };
