@@ -402,8 +402,8 @@ fn handle_client_message(
             if !body.rest().is_empty() {
                 return Err(malformed());
             }
-            let text = String::from_utf8_lossy(sql);
-            let exact = matches!(text, std::borrow::Cow::Borrowed(_));
+            let text = utf8_text(sql);
+            let exact = matches!(text, Cow::Borrowed(_));
             let new = disp.on_query(st, &text, exact);
             let mut out = BytesMut::new();
             if let Some(prefix) = disp.take_query_prefix() {
@@ -430,8 +430,8 @@ fn handle_client_message(
             let key = key(st, name);
             let sql = body.cstr().ok_or_else(malformed)?;
             let params = body.rest();
-            let text = String::from_utf8_lossy(sql);
-            let exact = matches!(text, std::borrow::Cow::Borrowed(_));
+            let text = utf8_text(sql);
+            let exact = matches!(text, Cow::Borrowed(_));
             let Some(new) = disp.on_parse(st, &key, name, &text, params, exact) else {
                 return Ok(Action::Forward);
             };
@@ -520,6 +520,16 @@ fn handle_client_message(
         }
         b'X' => Ok(Action::Terminate),
         _ => Ok(Action::Forward),
+    }
+}
+
+/// A statement text as a `str`: borrowed when it is valid UTF-8 (`from_utf8` checks that
+/// faster than `from_utf8_lossy`), else a copy with each invalid sequence replaced, which
+/// the caller treats as inexact (another `client_encoding`).
+fn utf8_text(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
     }
 }
 
