@@ -69,7 +69,7 @@ pub const REJECT_IF_PREPARED_PARAM_TYPES: [u32; 5] = [BYTEA; 5];
 /// needs to know whether the lease trigger is in place: the statement looks it up in
 /// `pg_trigger` itself ([`lease_trigger_exists`]), in each transaction.
 pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm: bool) -> String {
-    let mut sql = String::with_capacity(64 + fence.len() + lease_table.map_or(0, |t| 300 + 2 * t.len()));
+    let mut sql = String::with_capacity(64 + fence.len() + lease_table.map_or(0, |t| 640 + 2 * t.len()));
     sql.push_str(if lease_table.is_some() {
         "SELECT pgfence.guard_lease("
     } else {
@@ -91,20 +91,36 @@ pub fn guard_call(fence: &str, epoch: Epoch, lease_table: Option<&str>, keep_hwm
     sql
 }
 
-/// Whether the lease table `table` has pgfence's trigger, enabled: an `EXISTS` on
-/// `pg_trigger`, as the full guard checks it. The name is looked up when the statement
-/// runs, so a prepared guard follows a lease table dropped or renamed (then `false`: the
-/// full guard decides, and raises PF005).
+/// Whether the lease table `table` has both of pgfence's triggers as `init` installs them,
+/// calling its functions and enabled ALWAYS: two `EXISTS` on `pg_trigger`, as
+/// `pgfence.lease_triggers_on` asks for the full guard (schema version 12). ALWAYS, because
+/// a trigger enabled the default way does not fire under `session_replication_role =
+/// replica`, where a takeover would then leave the fence behind. The name is looked up when
+/// the statement runs, so a prepared guard follows a lease table dropped or renamed (then
+/// `false`: the full guard decides, and raises PF005).
 fn lease_trigger_exists(out: &mut String, table: &str) {
-    out.push_str(
-        "EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(",
-    );
-    push_literal(out, table);
-    out.push_str(
-        ") AND t.tgname OPERATOR(pg_catalog.=) 'pgfence_lease' \
-         AND t.tgfoid OPERATOR(pg_catalog.=) 'pgfence.lease_trigger()'::pg_catalog.regprocedure \
-         AND t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog.\"char\"[]))",
-    );
+    for (i, (trigger, function)) in [
+        ("pgfence_lease", "pgfence.lease_trigger()"),
+        ("pgfence_lease_truncate", "pgfence.lease_truncate_trigger()"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            out.push_str(" AND ");
+        }
+        out.push_str(
+            "EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(",
+        );
+        push_literal(out, table);
+        // Writing to a String cannot fail.
+        let _ = write!(
+            out,
+            ") AND t.tgname OPERATOR(pg_catalog.=) '{trigger}' \
+             AND t.tgfoid OPERATOR(pg_catalog.=) '{function}'::pg_catalog.regprocedure \
+             AND t.tgenabled OPERATOR(pg_catalog.=) 'A')"
+        );
+    }
 }
 
 /// SQL `PREPARE` of [`GUARD_SQL`] under `name` (an unquoted lower-case identifier), for the
@@ -273,7 +289,12 @@ mod tests {
              WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.leader_lease') \
              AND t.tgname OPERATOR(pg_catalog.=) 'pgfence_lease' \
              AND t.tgfoid OPERATOR(pg_catalog.=) 'pgfence.lease_trigger()'::pg_catalog.regprocedure \
-             AND t.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog.\"char\"[])))"
+             AND t.tgenabled OPERATOR(pg_catalog.=) 'A') \
+             AND EXISTS (SELECT FROM pg_catalog.pg_trigger t \
+             WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.leader_lease') \
+             AND t.tgname OPERATOR(pg_catalog.=) 'pgfence_lease_truncate' \
+             AND t.tgfoid OPERATOR(pg_catalog.=) 'pgfence.lease_truncate_trigger()'::pg_catalog.regprocedure \
+             AND t.tgenabled OPERATOR(pg_catalog.=) 'A'))"
         );
         assert_eq!(
             guard_call("o'neil", Epoch::MAX, None, false),

@@ -18,7 +18,7 @@ pub use super::call::{
 };
 
 /// The schema version this build of pgfence installs.
-pub const SCHEMA_VERSION: i32 = 11;
+pub const SCHEMA_VERSION: i32 = 12;
 
 /// One migration: applied when the database's version is below `version`.
 struct Migration {
@@ -83,6 +83,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 11,
         name: "0011_regrant_new_epoch",
         sql: include_str!("sql/0011_regrant_new_epoch.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "0012_lease_triggers_always",
+        sql: include_str!("sql/0012_lease_triggers_always.sql"),
     },
 ];
 

@@ -152,6 +152,58 @@ async fn a_disabled_lease_trigger_is_noticed_after_the_short_path_ran() {
     assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
 }
 
+/// Version 12: the lease triggers count only as `init` installs them, both, enabled ALWAYS.
+/// `ENABLE TRIGGER ALL` (what a restore with `--disable-triggers` leaves) enables them the
+/// default way, which does not fire under `session_replication_role = replica`: a takeover
+/// made there left the fence behind, and the old leader wrote on. A dropped TRUNCATE trigger
+/// let a TRUNCATE revoke nothing.
+#[tokio::test]
+async fn lease_triggers_count_only_as_init_installs_them() {
+    let mut f = Fixture::new().await;
+    let epoch = f.takeover("a").await;
+    let old = f.leader(epoch).await;
+    for _ in 0..3 {
+        old.execute(WRITE, &[]).await.unwrap();
+    }
+    f.admin
+        .batch_execute("ALTER TABLE leader_lease DISABLE TRIGGER ALL; ALTER TABLE leader_lease ENABLE TRIGGER ALL")
+        .await
+        .unwrap();
+    let replica = f.direct().await;
+    replica
+        .batch_execute("SET session_replication_role = replica")
+        .await
+        .unwrap();
+    let new = super::take_lease(&replica, "b").await;
+    assert_eq!(new, epoch + 1);
+    // The takeover went unseen by the fence; the old leader's writes are refused anyway, in
+    // both protocols, and so are the new leader's until init runs.
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF005");
+    assert_eq!(code(&old.batch_execute(WRITE).await), "PF005");
+    assert_eq!(code(&f.leader(new).await.execute(WRITE, &[]).await), "PF005");
+    assert_eq!(f.note().await.0, "w");
+    // Control: straight to Postgres the old leader's write lands.
+    assert_eq!(f.direct().await.execute(WRITE, &[]).await.unwrap(), 1);
+    // init puts the triggers back and brings the fence up to the lease row.
+    let port = f.cluster.port();
+    super::install(&mut f.admin, port, &super::fence_toml()).await;
+    assert_eq!(code(&old.execute(WRITE, &[]).await), "PF001");
+    let leader = f.leader(new).await;
+    leader.execute(WRITE, &[]).await.unwrap();
+    // Without the TRUNCATE trigger, a TRUNCATE would revoke nothing: refused too.
+    f.admin
+        .batch_execute("ALTER TABLE leader_lease DISABLE TRIGGER pgfence_lease_truncate")
+        .await
+        .unwrap();
+    assert_eq!(code(&leader.execute(WRITE, &[]).await), "PF005");
+    assert_eq!(code(&leader.batch_execute(WRITE).await), "PF005");
+    f.admin
+        .batch_execute("ALTER TABLE leader_lease ENABLE ALWAYS TRIGGER pgfence_lease_truncate")
+        .await
+        .unwrap();
+    leader.execute(WRITE, &[]).await.unwrap();
+}
+
 /// Version 6: in the steady state the guard is an inlined expression, not a PL/pgSQL
 /// call. The bump goes to the full guard; the first call after it reads the row in
 /// `guard_slow` and records the count; later calls call no PL/pgSQL function at all. A
