@@ -273,8 +273,7 @@ fn one_value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
         }
         [t] => single_value(text(t), t, stmt, lexing),
         // Two numbers, or two strings or words, side by side are no value in any version
-        // of Postgres. Anything else pgfence does not read (`1e-5` is three tokens to its
-        // lexer, one to Postgres): refused.
+        // of Postgres.
         many if many.iter().all(|t| t.kind == TokenKind::Number)
             || many.iter().all(|t| {
                 matches!(
@@ -285,8 +284,35 @@ fn one_value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
         {
             Value::SyntaxError
         }
-        _ => Value::Unsupported("a value pgfence does not read"),
+        // What Postgres may read as one number where pgfence's lexer sees several tokens
+        // (`1e-5`; `0x1F` or `1_000` in later versions): refused.
+        many if may_be_one_number(stmt, many) => Value::Unsupported("a value pgfence does not read"),
+        // Anything else (`4::bigint`, `(4)`, `4 + 0`, `- - 4`, `-'5'`, `DEFAULT 4`) no
+        // version of Postgres parses: its syntax error refuses the whole text, as directly.
+        _ => Value::SyntaxError,
     }
+}
+
+/// Whether `toks` (two or more) may be one numeric literal to Postgres: after an optional
+/// sign, the pieces pgfence's lexer cuts an exponent's sign out of (`1e`, `-`, `5`), with
+/// nothing between them.
+fn may_be_one_number(stmt: &str, toks: &[Token]) -> bool {
+    let sign = |t: &Token| t.is_punct(b'+') || t.is_punct(b'-');
+    let rest = match toks {
+        [first, rest @ ..] if sign(first) => rest,
+        _ => toks,
+    };
+    let exponent =
+        |t: &Token| t.kind == TokenKind::Number && stmt.get(t.span.clone()).is_some_and(|n| n.ends_with(['e', 'E']));
+    rest.first().is_some_and(|t| t.kind == TokenKind::Number)
+        && rest.windows(2).all(|w| {
+            w[0].span.end == w[1].span.start
+                && if sign(&w[1]) {
+                    exponent(&w[0])
+                } else {
+                    w[1].kind == TokenKind::Number && sign(&w[0])
+                }
+        })
 }
 
 const UNICODE: &str = "this Unicode escape in the value is not supported";
@@ -451,14 +477,12 @@ mod tests {
             "SET pgfence.epoch = 1, 2",
             "SET pgfence.epoch = 1, 'a', +3",
             "SET pgfence.epoch = U&'5', 6",
-            // Postgres refuses these, but pgfence does not read them (mixed tokens).
-            "SET pgfence.epoch = DEFAULT 1",
-            "SET pgfence.epoch = -'5'",
-            "SET pgfence.epoch = '5'::int",
             // Postgres reads these as one number; pgfence's lexer does not.
             "SET pgfence.epoch = 1e-5",
             "SET pgfence.epoch = +1E+3",
             "SET pgfence.epoch = .5e-1",
+            "SET pgfence.epoch = - 2.5e+3",
+            "SET LOCAL pgfence.epoch = -1E-0",
             // A name pgfence cannot decode may be its own.
             "SET U&\"pgfence!002eepoch\" UESCAPE E'\\041' = 12",
             "RESET U&\"pgfence!002eepoch\" UESCAPE E'\\041'",
@@ -502,6 +526,23 @@ mod tests {
             "SET pgfence.fence = current_user",
             "RESET pgfence.epoch extra",
             "SET LOCAL pgfence.fence = 1 2",
+            // Expressions, casts, stray signs and words: no version of Postgres reads them.
+            "SET pgfence.epoch = DEFAULT 1",
+            "SET pgfence.epoch TO DEFAULT 4",
+            "SET pgfence.epoch = -'5'",
+            "SET pgfence.epoch = +'4'",
+            "SET pgfence.epoch = '5'::int",
+            "SET pgfence.epoch = 4::bigint",
+            "SET LOCAL pgfence.epoch = (4)",
+            "SET SESSION pgfence.epoch = 4 + 0",
+            "SET pgfence.epoch = 4+0",
+            "SET pgfence.epoch = 1e-5-1",
+            "SET pgfence.epoch = 1e- 5",
+            "SET pgfence.epoch = - - 4",
+            "SET pgfence.epoch = cast(4 as bigint)",
+            "SET pgfence.epoch = array[4]",
+            "SET pgfence.epoch = 4 \\g",
+            "SET pgfence.epoch = 1, (2)",
             // UESCAPE characters Postgres refuses: no setting is named.
             "SET U&\"pgfence!002eepoch\" UESCAPE 'ab' = 1",
         ] {

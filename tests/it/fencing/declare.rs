@@ -728,6 +728,16 @@ async fn a_declaration_postgres_cannot_parse_is_its_syntax_error() {
         "SET pgfence.epoch = b'1'",
         "SET pgfence.fence = user",
         "SET pgfence.epoch FROM CURRENT 1",
+        // Expressions, casts and stray signs: no value to Postgres' grammar.
+        "SET pgfence.epoch = 4::bigint",
+        "SET LOCAL pgfence.epoch = (4)",
+        "SET SESSION pgfence.epoch = 4 + 0",
+        "SET pgfence.epoch = 4+0",
+        "SET pgfence.epoch = - - 4",
+        "SET pgfence.epoch = +'4'",
+        "SET pgfence.epoch TO DEFAULT 4",
+        "SET pgfence.epoch = cast(4 as bigint)",
+        "SET pgfence.epoch = 1e-5-1",
     ];
     for port in [f.proxy.port(), f.cluster.port()] {
         let mut s = f.raw(port, "2", &[]).await;
@@ -813,6 +823,7 @@ async fn escaped_values_declare_what_postgres_reads() {
     let s = f.session("-c pgfence.epoch=2").await;
     for unread in [
         "SET pgfence.epoch = 1e-5",
+        "SET pgfence.epoch = - 2.5E+3",
         "SET U&\"pgfence!002eepoch\" UESCAPE E'\\041' = 1",
     ] {
         assert_eq!(code(&s.batch_execute(unread).await), "PF003", "{unread}");
