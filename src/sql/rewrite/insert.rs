@@ -133,7 +133,14 @@ impl Rw<'_, '_> {
             j += 3;
         }
         let ret = t.clause(j, b, d, &["returning"]).unwrap_or(b);
-        let on = (j..ret).find(|&k| t.depth(k) == d && t.is(k, "on") && t.is(k + 1, "conflict"));
+        // `ON CONFLICT` followed by what the clause can start with: `ON conflict.id = …` of a
+        // join with a table or alias named `conflict` is no upsert.
+        let on = (j..ret).find(|&k| {
+            t.depth(k) == d
+                && t.is(k, "on")
+                && t.is(k + 1, "conflict")
+                && (t.punct(k + 2, b'(') || t.is(k + 2, "on") || t.is(k + 2, "do"))
+        });
         let src_end = on.unwrap_or(ret);
         let need_cols =
             || shape("an INSERT without a column list (name the columns, the epoch column's position is unknown)");
@@ -295,7 +302,15 @@ impl Rw<'_, '_> {
                 p = t.close(p + 1)? + 1;
             }
         }
-        let end = t.clause(p, e, d, AFTER_PROJECTION).unwrap_or(e);
+        // `WITHIN GROUP (…)` of an ordered-set aggregate is in the list, not a GROUP BY.
+        let mut from = p;
+        let end = loop {
+            match t.clause(from, e, d, AFTER_PROJECTION) {
+                Some(k) if k > p && t.is(k, "group") && t.is(k - 1, "within") => from = k + 1,
+                Some(k) => break k,
+                None => break e,
+            }
+        };
         (end > p).then_some((p, end))
     }
 

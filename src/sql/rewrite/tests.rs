@@ -488,6 +488,28 @@ fn an_insert_select_list_before_on_conflict_is_rewritten() {
             "INSERT INTO sweep_state (id, note, last_epoch) SELECT s.id, 'j', {N} FROM s JOIN conflict ON \
              conflict.id = s.id ON CONFLICT (id) DO NOTHING",
         ),
+        (
+            // And as an alias, with no upsert after it.
+            "INSERT INTO sweep_state (id, note) SELECT s.id, s.note FROM s JOIN s conflict ON conflict.id = s.id",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT s.id, s.note, {N} FROM s JOIN s conflict ON \
+             conflict.id = s.id",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) SELECT 1, 'a' ON CONFLICT ON CONSTRAINT k DO NOTHING",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT 1, 'a', {N} ON CONFLICT ON CONSTRAINT k DO NOTHING",
+        ),
+        (
+            // An ordered-set aggregate's WITHIN GROUP is in the select list.
+            "INSERT INTO sweep_state (id, note) SELECT 101, mode() WITHIN GROUP (ORDER BY note) FROM s GROUP BY id",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT 101, mode() WITHIN GROUP (ORDER BY note), {N} \
+             FROM s GROUP BY id",
+        ),
+        (
+            "INSERT INTO sweep_state (id, note) SELECT 1, percentile_cont(0.5) within group (order by x) \
+             within_group FROM s",
+            "INSERT INTO sweep_state (id, note, last_epoch) SELECT 1, percentile_cont(0.5) within group (order by x) \
+             within_group, {N} FROM s",
+        ),
     ] {
         assert_eq!(rw(input), Ok(want.replace("{N}", "7::pgfence.epoch")), "{input}");
     }

@@ -141,6 +141,18 @@ const BESPOKE: &[(&str, &str)] = &[
         "INSERT INTO items (id, note, last_epoch) VALUES (12, 'n', 7), (13, 'o', 7)",
     ),
     (
+        // An ordered-set aggregate (its WITHIN GROUP is no GROUP BY), and a join alias
+        // named `conflict` (its ON no ON CONFLICT).
+        "INSERT INTO items (id, note) SELECT 90 + count(*), mode() WITHIN GROUP (ORDER BY note) FROM src GROUP BY del",
+        "INSERT INTO items (id, note, last_epoch) SELECT 90 + count(*), mode() WITHIN GROUP (ORDER BY note), 7 \
+         FROM src GROUP BY del",
+    ),
+    (
+        "INSERT INTO items (id, note) SELECT s.id + 200, s.note FROM src s JOIN src conflict ON conflict.id = s.id",
+        "INSERT INTO items (id, note, last_epoch) SELECT s.id + 200, s.note, 7 FROM src s JOIN src conflict \
+         ON conflict.id = s.id",
+    ),
+    (
         "INSERT INTO items (id, note) SELECT id + 100, note FROM src WHERE del",
         "INSERT INTO items (id, note, last_epoch) SELECT id + 100, note, 7 FROM src WHERE del",
     ),
