@@ -189,20 +189,42 @@ impl Cluster {
     /// Idempotent; also run on drop.
     pub fn stop(&mut self) {
         if let Some(mut server) = self.server.take() {
-            if let Ok(pid) = fs::read_to_string(self.data_dir().join("postmaster.pid"))
-                && let Some(pid) = pid.lines().next()
-            {
+            // The watchdog leads the process group the postmaster runs in.
+            let group = format!("-{}", server.id());
+            let pid = fs::read_to_string(self.data_dir().join("postmaster.pid"))
+                .ok()
+                .and_then(|p| p.lines().next().map(|l| l.trim().to_owned()));
+            match &pid {
                 // SIGINT: Postgres' fast shutdown (roll back sessions, checkpoint, exit).
-                let _ = Command::new("kill")
-                    .args(["-INT", pid.trim()])
-                    .stderr(Stdio::null())
-                    .status();
+                Some(pid) => {
+                    signal(&["-INT", pid]);
+                }
+                // Still starting (a Ctrl-C in the demo's first second): no pid file to read,
+                // so the whole group, whatever of it has started, gets SIGTERM. Not SIGINT or
+                // SIGQUIT: the watchdog's shell started the server in the background, which
+                // ignores those two until Postgres sets its own handlers; `runuser` passes
+                // SIGTERM on, and Postgres reads it as a shutdown that waits for sessions (it
+                // has none yet).
+                None => {
+                    signal(&["-TERM", "--", &group]);
+                }
             }
+            // Woken, should any of it be stopped.
+            signal(&["-CONT", "--", &group]);
             let deadline = Instant::now() + STOP_TIMEOUT;
             while server.try_wait().ok().flatten().is_none() {
                 if Instant::now() > deadline {
                     let _ = server.kill();
                     let _ = server.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The watchdog may go before the postmaster (killed, or signalled with it): wait
+            // for the group to empty before its directory is removed, then kill what is left.
+            while group_alive(server.id()) {
+                if Instant::now() > deadline {
+                    signal(&["-KILL", "--", &group]);
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -218,6 +240,31 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether a process of group `pgid` is still running (zombies, which only wait for a
+/// parent to reap them, do not count).
+fn group_alive(pgid: u32) -> bool {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|entry| {
+        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid pgrp …`; comm may hold spaces and parentheses.
+        let mut fields = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace();
+        let state = fields.next();
+        let group = fields.nth(1).and_then(|g| g.parse::<u32>().ok());
+        group == Some(pgid) && !matches!(state, Some("Z" | "X"))
+    })
+}
+
+/// Runs `kill` with `args`; whether it signalled anything.
+fn signal(args: &[&str]) -> bool {
+    Command::new("kill")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Connects to 127.0.0.1:`port`/`db` as the superuser, optionally with libpq `options`

@@ -98,3 +98,91 @@ fn demo_without_server_binaries_says_how_to_get_them() {
         "{stderr}"
     );
 }
+
+/// The live processes whose command line holds `marker`, with it.
+fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let args = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args = String::from_utf8_lossy(&args).replace('\0', " ");
+        let stat = read(&entry.path().join("stat"));
+        let state = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .next();
+        if args.contains(marker) && !matches!(state, Some("Z" | "X") | None) {
+            found.push((pid, args));
+        }
+    }
+    found
+}
+
+/// A Ctrl-C while Postgres is still starting stops it too: the demo exits at once, and
+/// nothing of its server is left running or on disk. The server's first process is caught
+/// as it appears and stopped (SIGSTOP), so the interrupt always lands before it is ready.
+#[test]
+fn an_interrupt_while_postgres_starts_leaves_nothing_behind() {
+    let dir = crate::common::ScratchDir::new("pgfence-demo-int");
+    let out = dir.join("stdout");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .arg("demo")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .expect("spawn pgfence demo");
+    let marker = format!("pgfence-demo-{}-", child.id());
+    let started = Instant::now();
+    // `runuser … /…/postgres -D …` as root, `/…/postgres -D …` otherwise (not the watchdog).
+    let server = loop {
+        let procs = processes_with(&marker);
+        if let Some((pid, _)) = procs
+            .iter()
+            .find(|(_, args)| args.contains("/postgres -D") && !args.starts_with("sh "))
+        {
+            break *pid;
+        }
+        if started.elapsed() > DEMO_TIMEOUT {
+            let _ = child.kill();
+            panic!("no server process appeared:\n{}", read(&out));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let signal = |sig: &str, pid: u32| {
+        Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    };
+    signal("-STOP", server);
+    signal("-INT", child.id());
+    let interrupted = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if interrupted.elapsed() > DEMO_TIMEOUT {
+            let _ = child.kill();
+            panic!("pgfence demo still running after its interrupt:\n{}", read(&out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "{}", read(&out));
+    // Its own shutdown, not the kill after a stop that does not come (10 s).
+    let took = interrupted.elapsed();
+    assert!(took < Duration::from_secs(8), "the interrupt took {took:?}");
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+    let dirs: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&marker))
+        .collect();
+    assert!(dirs.is_empty(), "left on disk: {dirs:?}");
+    assert!(
+        read(&out).contains("stopped: Postgres and its temp dir are gone"),
+        "{}",
+        read(&out)
+    );
+}
