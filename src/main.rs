@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         "info"
     };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
+        .with_env_filter(log_filter(default_level))
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal: not in log files, pipes or journals.
         .with_ansi(
@@ -85,6 +85,7 @@ fn main() -> ExitCode {
             upstream,
         } => match load(config.as_ref(), listen, upstream) {
             Ok(c) => {
+                warn_if_unfenced(&c);
                 let workers = c.workers;
                 (Run::Serve(Arc::new(c)), workers)
             }
@@ -121,6 +122,21 @@ fn main() -> ExitCode {
             pgfence::complain!("pgfence: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `RUST_LOG`, else `default_level`. sqlparser logs every text it parses, and each token of
+/// it, at debug level: statement text (passwords in `ALTER ROLE`, values) has no place in a
+/// proxy's log, so it stays at warn unless `RUST_LOG` names it.
+fn log_filter(default_level: &str) -> EnvFilter {
+    let asked = std::env::var("RUST_LOG").unwrap_or_default();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    if asked.contains("sqlparser") {
+        return filter;
+    }
+    match "sqlparser=warn".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
     }
 }
 

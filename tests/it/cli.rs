@@ -591,3 +591,34 @@ fn serve_fits_the_open_file_limit_to_max_client_conn() {
     assert_eq!(soft_limit(&fits), 100);
     assert!(!fits.log().contains("open-file limit"), "{}", fits.log());
 }
+
+/// `serve` says what `check-config` says of a config without fences, where it starts; and at
+/// debug level its log carries no statement text (sqlparser would log each text it parses).
+#[test]
+fn serve_warns_without_fences_and_logs_no_statement_text() {
+    use crate::common::free_port;
+    use crate::common::proxy::{ProxyProcess, proxy_toml};
+    let proxy = ProxyProcess::start(&proxy_toml(free_port(), free_port(), ""));
+    let log = proxy.log();
+    assert!(
+        log.contains("WARN") && log.contains("no [[fence]] is configured: every write is relayed unchecked"),
+        "{log}"
+    );
+    let cluster = Cluster::shared();
+    let port = free_port();
+    let fenced = proxy_toml(port, cluster.port(), "[[fence]]\nname = \"f\"\ntables = [\"t\"]\n");
+    let proxy = ProxyProcess::start_after(&fenced, "export RUST_LOG=debug");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (mut s, _) = Raw::startup(port, &[("user", "postgres"), ("database", "postgres")]).await;
+        // It names the fenced table and is no plain DML: pgfence parses it with sqlparser.
+        let replies = s.simple("WITH x AS (SELECT 1) SELECT 'hunter2-secret' FROM t").await;
+        assert_eq!(replies.last().map(|m| m.tag), Some(b'Z'));
+    });
+    let log = proxy.log();
+    assert!(log.contains("DEBUG"), "{log}");
+    assert!(!log.contains("hunter2-secret"), "{log}");
+}
