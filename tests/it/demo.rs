@@ -20,22 +20,28 @@ fn run_demo(env: &[(&str, &str)]) -> (Output, Duration) {
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap());
     let mut child = cmd.spawn().expect("spawn pgfence demo");
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > DEMO_TIMEOUT {
-            let _ = child.kill();
-            panic!("pgfence demo still running after {DEMO_TIMEOUT:?}:\n{}", read(&out));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_for(&mut child, started, &out);
     let output = Output {
         status,
         stdout: read(&out).into_bytes(),
         stderr: read(&err).into_bytes(),
     };
     (output, started.elapsed())
+}
+
+/// Waits for the demo `child`, killing it [`DEMO_TIMEOUT`] after `since`; `out` holds its
+/// stdout, shown if it hangs.
+fn wait_for(child: &mut std::process::Child, since: Instant, out: &Path) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if since.elapsed() > DEMO_TIMEOUT {
+            let _ = child.kill();
+            panic!("pgfence demo still running after {DEMO_TIMEOUT:?}:\n{}", read(out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn read(path: &Path) -> String {
@@ -158,16 +164,7 @@ fn an_interrupt_while_postgres_starts_leaves_nothing_behind() {
     signal("-STOP", server);
     signal("-INT", child.id());
     let interrupted = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if interrupted.elapsed() > DEMO_TIMEOUT {
-            let _ = child.kill();
-            panic!("pgfence demo still running after its interrupt:\n{}", read(&out));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for(&mut child, interrupted, &out);
     assert!(!status.success(), "{}", read(&out));
     // Its own shutdown, not the kill after a stop that does not come (10 s).
     let took = interrupted.elapsed();
