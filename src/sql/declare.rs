@@ -285,7 +285,7 @@ fn one_value(stmt: &str, toks: &[Token], lexing: Lexing) -> Value {
             Value::SyntaxError
         }
         // What Postgres may read as one number where pgfence's lexer sees several tokens
-        // (`1e-5`; `0x1F` or `1_000` in later versions): refused.
+        // (`1e-5`: it cuts the exponent's sign out): refused.
         many if may_be_one_number(stmt, many) => Value::Unsupported("a value pgfence does not read"),
         // Anything else (`4::bigint`, `(4)`, `4 + 0`, `- - 4`, `-'5'`, `DEFAULT 4`) no
         // version of Postgres parses: its syntax error refuses the whole text, as directly.
